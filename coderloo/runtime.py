@@ -1,0 +1,45 @@
+"""Process-wide runtime set-up: environment defaults and the local Ray cluster."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Defaults for one CPU machine; a cluster's environment overrides them.
+ENV_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "DS_ACCELERATOR": "cpu",
+    "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions"),
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def apply_env_defaults() -> None:
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
+    """Start (or join, when `address` is given) a Ray cluster; a local one stays on 127.0.0.1."""
+    import ray
+
+    apply_env_defaults()
+    if ray.is_initialized():
+        return
+    env_vars = {k: os.environ[k] for k in ENV_DEFAULTS}
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env_vars})
+        return
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": env_vars},
+        log_to_driver=True,
+    )

@@ -1,0 +1,74 @@
+"""The one task format every task set is converted to, and its JSONL file form."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Task(BaseModel):
+    """A Python programming task with executable unit tests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, description="Unique id, e.g. 'mbpp/11' or 'synthetic/add_const/3'.")
+    prompt: str = Field(min_length=1, description="Text given to the model.")
+    tests: list[str] = Field(min_length=1, description="Test snippets; each runs separately after the program.")
+    entry_point: str = Field(min_length=1, description="Name of the function under test.")
+    reference: str = Field(description="A reference solution: the full program (prompt included when prompt_is_code).")
+    difficulty: int = Field(ge=1, le=5, description="1 (easiest) to 5.")
+    source: str = Field(min_length=1, description="Where the task comes from: synthetic, mbpp, humaneval, ...")
+    prompt_is_code: bool = Field(
+        description="True when the completion continues the prompt's code (program = prompt + completion); "
+        "False when the completion must contain the whole program (prose prompt)."
+    )
+    test_setup: str = Field(default="", description="Code run after the program and before the tests (MBPP).")
+    split: Literal["train", "heldout", "test", "validation", "fewshot"] = Field(
+        default="test", description="Which split of its source the task belongs to."
+    )
+
+    def program(self, code: str) -> str:
+        """The program that is executed for a completion's extracted code."""
+        return self.prompt + code if self.prompt_is_code else code
+
+
+class TaskFileError(ValueError):
+    """A task file that cannot be read; the message names the file, the line and the reason."""
+
+
+def load_jsonl(path: str | Path) -> list[Task]:
+    path = Path(path)
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+            try:
+                task = Task.model_validate(record)
+            except ValidationError as e:
+                reasons = "; ".join(
+                    f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in e.errors()
+                )
+                raise TaskFileError(f"{path}:{lineno}: invalid task: {reasons}") from None
+            if task.id in seen:
+                raise TaskFileError(f"{path}:{lineno}: duplicate task id {task.id!r} (first on line {seen[task.id]})")
+            seen[task.id] = lineno
+            tasks.append(task)
+    if not tasks:
+        raise TaskFileError(f"{path}: no tasks in file")
+    return tasks
+
+
+def save_jsonl(tasks: Iterable[Task], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for task in tasks:
+            f.write(task.model_dump_json() + "\n")

@@ -1,0 +1,32 @@
+"""Shared fixtures: one local Ray cluster and one tiny model for the whole test session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance on loopback shared by every test that needs Ray."""
+    from coderloo.runtime import init_ray
+
+    import ray
+
+    init_ray(num_cpus=4)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        raise FileNotFoundError(f"benchmark data not found at {SHARED_DATA}")
+    return SHARED_DATA
