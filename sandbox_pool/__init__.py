@@ -1,0 +1,15 @@
+"""Executing untrusted programs: typed requests and results, the process backend, the Ray pool."""
+from sandbox_pool.pool import SandboxExecutor, SandboxPool
+from sandbox_pool.process_backend import execute
+from sandbox_pool.results import ExecutionRequest, ExecutionResult, Limits, Status, TestOutcome
+
+__all__ = [
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Limits",
+    "SandboxExecutor",
+    "SandboxPool",
+    "Status",
+    "TestOutcome",
+    "execute",
+]

@@ -30,3 +30,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         raise FileNotFoundError(f"benchmark data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """One tiny Qwen2 model (tied embeddings) and tokenizer, built offline, for every test."""
+    from coderloo.models import TinyModelSpec, build_tiny_model
+    from coderloo.tasksets.synthetic import corpus_for_tokenizer
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), corpus_for_tokenizer(), TinyModelSpec())

@@ -1,0 +1,200 @@
+"""Typed configuration: YAML files in configs/, overridable from the command line (`learner.lr=1e-5`).
+
+Every field is documented; an invalid config fails before anything starts, naming the field
+and the reason.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from coderloo.models import TinyModelSpec
+from sandbox_pool.results import Limits
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        default=".cache/tiny-qwen2",
+        description="Directory of a Hugging Face causal LM (relative paths are from the repository root).",
+    )
+    build_tiny: bool = Field(
+        default=True,
+        description="Build a tiny Qwen2 model and tokenizer at `path` when the directory has no model yet.",
+    )
+    tiny: TinyModelSpec = Field(default_factory=TinyModelSpec, description="Shape of the tiny model when it is built.")
+
+
+class TasksConfig(Section):
+    train_set: str = Field(default="synthetic", description="Task set to train on: synthetic, mbpp, mbpp-sanitized, humaneval, jsonl.")
+    train_path: str | None = Field(default=None, description="File of the train set (not used by synthetic).")
+    train_split: str = Field(default="train", description="Split of the train set to train on.")
+    eval_set: str = Field(default="synthetic", description="Task set for held-out evaluation.")
+    eval_path: str | None = Field(default=None, description="File of the evaluation set (not used by synthetic).")
+    eval_split: str = Field(default="heldout", description="Split of the evaluation set.")
+    max_eval_tasks: int = Field(default=0, ge=0, description="Evaluate on at most this many tasks (0: all).")
+
+    @model_validator(mode="after")
+    def _paths(self) -> "TasksConfig":
+        for name in ("train", "eval"):
+            if getattr(self, f"{name}_set") != "synthetic" and not getattr(self, f"{name}_path"):
+                raise ValueError(f"{name}_path is required when {name}_set is not 'synthetic'")
+        return self
+
+
+class SandboxConfig(Section):
+    num_executors: int = Field(default=2, ge=1, description="Sandbox executor actors in the pool.")
+    concurrency_per_executor: int = Field(default=4, ge=1, description="Programs one executor runs at once.")
+    limits: Limits = Field(default_factory=Limits, description="Resource limits of each program run.")
+
+
+class RolloutConfig(Section):
+    backend: Literal["vllm", "transformers"] = Field(default="vllm", description="Generation backend of the rollout workers.")
+    num_workers: int = Field(default=1, ge=1, description="Rollout worker actors.")
+    samples_per_prompt: int = Field(default=8, ge=2, description="k: completions sampled per prompt (RLOO needs k >= 2).")
+    max_new_tokens: int = Field(default=48, ge=1, description="Longest completion, in tokens.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (the learner uses the same one for logprobs).")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("], description="Stop sequences.")
+    threads: int = Field(default=2, ge=1, description="CPU threads of each worker's engine (CPU runs only).")
+
+
+class LearnerConfig(Section):
+    lr: float = Field(default=5e-4, gt=0, description="AdamW learning rate of the RL phase.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Training precision.")
+    grad_accum_steps: int = Field(default=2, ge=1, description="Micro-batches per optimizer step.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio.")
+    kl_coef: float = Field(default=0.0, ge=0, description="Weight of the KL penalty to the frozen reference (0: no reference model).")
+    normalize_advantages: bool = Field(default=True, description="Scale RLOO advantages to unit std over the batch.")
+    seed: int = Field(default=0, description="Seed of the learner.")
+
+
+class SFTConfig(Section):
+    steps: int = Field(default=40, ge=0, description="Supervised steps on reference solutions before RL (0: none).")
+    batch_size: int = Field(default=32, ge=1, description="Reference solutions per SFT step.")
+    lr: float = Field(default=1e-3, gt=0, description="Learning rate of the SFT phase.")
+
+
+class RewardConfig(Section):
+    syntax_weight: float = Field(default=0.3, ge=0, description="Weight of the syntax component (program parses and compiles).")
+    functionality_weight: float = Field(default=0.5, ge=0, description="Weight of the functionality component (fraction of tests passed).")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "RewardConfig":
+        if self.syntax_weight + self.functionality_weight <= 0:
+            raise ValueError("at least one reward weight must be positive")
+        return self
+
+
+class EvalConfig(Section):
+    samples_per_task: int = Field(default=8, ge=1, description="n: samples per task for pass@k (unbiased estimator).")
+    k: list[int] = Field(default_factory=lambda: [1, 4], description="The k of each reported pass@k (each <= samples_per_task).")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of the evaluation samples.")
+    greedy: bool = Field(default=True, description="Also report greedy pass@1.")
+
+    @model_validator(mode="after")
+    def _k(self) -> "EvalConfig":
+        bad = [k for k in self.k if not 1 <= k <= self.samples_per_task]
+        if bad:
+            raise ValueError(f"each k must be between 1 and samples_per_task={self.samples_per_task}, got {bad}")
+        return self
+
+
+class TrainConfig(Section):
+    steps: int = Field(default=60, ge=0, description="RL steps.")
+    prompts_per_step: int = Field(default=32, ge=1, description="Prompts per RL step (each sampled k times).")
+    eval_every: int = Field(default=20, ge=0, description="Held-out evaluation every N RL steps (0: start and end only).")
+    checkpoint_every: int = Field(default=0, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
+    output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
+    seed: int = Field(default=0, description="Seed of task sampling.")
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")
+
+
+class ConfigError(ValueError):
+    """An invalid config; the message names the field and the reason."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """`a.b=value` pairs; values are read as YAML (numbers, booleans, lists)."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected section.field=value")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from None
+        _set_dotted(tree, key, value)
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path}: invalid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+        tree = loaded or {}
+    tree = _merge(tree, parse_overrides(overrides or []))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        reasons = []
+        for err in e.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "config"
+            reasons.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(f"invalid config ({source}):\n" + "\n".join(reasons)) from None
+
+
+def dump_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

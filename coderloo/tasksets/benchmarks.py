@@ -1,0 +1,235 @@
+"""Loaders that turn the public benchmark files (MBPP, sanitized MBPP, HumanEval) into Tasks.
+
+Each loader reads the file as published (see ../shared/data/README.md) and returns list[Task].
+A malformed file raises TaskFileError naming where (file:line, or file: record N for a JSON
+array) and why.
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from pydantic import ValidationError
+
+from coderloo.tasksets.task import Task, TaskFileError, load_jsonl
+
+# The MBPP paper's prompt (Austin et al. 2021), without its few-shot [BEGIN]/[DONE] wrapping.
+MBPP_PROMPT = (
+    "You are an expert Python programmer, and here is your task: {text} "
+    "Your code should pass these tests:\n\n{tests}\n"
+)
+
+Record = dict[str, Any]
+
+
+def mbpp_prompt(text: str, tests: list[str]) -> str:
+    return MBPP_PROMPT.format(text=text.strip(), tests="\n".join(tests))
+
+
+def mbpp_split(task_id: int) -> str:
+    """The standard MBPP splits by task id."""
+    if 1 <= task_id <= 10:
+        return "fewshot"
+    if 11 <= task_id <= 510:
+        return "test"
+    if 511 <= task_id <= 600:
+        return "validation"
+    if 601 <= task_id <= 974:
+        return "train"
+    raise ValueError(f"task_id {task_id} is outside MBPP's ids 1-974")
+
+
+def difficulty(solution: str) -> int:
+    """A rough 1-5 from the lines of code a model has to write for the reference solution.
+
+    Counts non-blank, non-comment lines (for HumanEval only the body, since the prompt holds the
+    signature) and maps <=2, <=4, <=7, <=12, more to 1..5. The limits split MBPP roughly into
+    5% / 35% / 30% / 20% / 10%. It measures length, not insight: use it for curricula and
+    reporting, not as a ground truth.
+    """
+    lines = sum(1 for line in solution.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+    return 1 + sum(lines > limit for limit in (2, 4, 7, 12))
+
+
+def _called_function(test: str, reference: str) -> str:
+    """The function under test: the first name the test calls that the reference defines.
+
+    Looking at the reference's definitions skips wrappers like set(...) or math.isclose(...) and
+    still finds a solution that shadows a builtin (MBPP 126 defines `sum`).
+    """
+    try:
+        with warnings.catch_warnings():  # benchmark code has regexes like '\.' in plain strings
+            warnings.simplefilter("ignore")
+            definitions = ast.parse(reference).body
+            calls = ast.walk(ast.parse(test))
+    except SyntaxError as e:
+        raise ValueError(f"cannot parse the reference or the first test: {e.msg} (line {e.lineno})") from None
+    defined = {
+        node.name for node in definitions if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    for node in calls:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
+            return node.func.id
+    raise ValueError(f"the first test calls no function that the reference defines: {test[:100]!r}")
+
+
+def _lf(text: str) -> str:
+    """MBPP code ends lines with CRLF, and four solutions end in a lone CR."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _mbpp_task(record: Record, id_prefix: str, source: str, text: str, test_setup: str) -> Task:
+    reference = _lf(record["code"])
+    tests = record["test_list"]
+    if not tests:
+        raise ValueError("test_list is empty")
+    return Task(
+        id=f"{id_prefix}/{record['task_id']}",
+        prompt=mbpp_prompt(text, tests),
+        tests=tests,
+        entry_point=_called_function(tests[0], reference),
+        reference=reference,
+        difficulty=difficulty(reference),
+        source=source,
+        prompt_is_code=False,
+        test_setup=test_setup,
+        split=mbpp_split(record["task_id"]),
+    )
+
+
+def load_mbpp(path: str | Path) -> list[Task]:
+    """mbpp.jsonl: the full MBPP (974 tasks). challenge_test_list is not used."""
+    path = Path(path)
+    fields = {"text": str, "code": str, "task_id": int, "test_setup_code": str, "test_list": list}
+    return _build_tasks(
+        path,
+        _jsonl_records(path),
+        fields,
+        lambda r: _mbpp_task(r, "mbpp", "mbpp", r["text"], _lf(r["test_setup_code"])),
+    )
+
+
+def load_sanitized_mbpp(path: str | Path) -> list[Task]:
+    """sanitized-mbpp.json: the hand-verified MBPP subset (427 tasks); test_imports become test_setup."""
+    path = Path(path)
+    fields = {"prompt": str, "code": str, "task_id": int, "test_imports": list, "test_list": list}
+    return _build_tasks(
+        path,
+        _json_array_records(path),
+        fields,
+        lambda r: _mbpp_task(r, "mbpp-sanitized", "mbpp-sanitized", r["prompt"], "\n".join(r["test_imports"])),
+    )
+
+
+def _humaneval_task(record: Record) -> Task:
+    return Task(
+        id=record["task_id"],
+        prompt=record["prompt"],
+        tests=[record["test"] + "\ncheck(" + record["entry_point"] + ")"],
+        entry_point=record["entry_point"],
+        reference=record["prompt"] + record["canonical_solution"],
+        difficulty=difficulty(record["canonical_solution"]),
+        source="humaneval",
+        prompt_is_code=True,
+        split="test",
+    )
+
+
+def load_humaneval(path: str | Path) -> list[Task]:
+    """HumanEval.jsonl.gz (or an uncompressed .jsonl): 164 tasks, all in the test split."""
+    path = Path(path)
+    fields = {"task_id": str, "prompt": str, "entry_point": str, "canonical_solution": str, "test": str}
+    return _build_tasks(path, _jsonl_records(path), fields, _humaneval_task)
+
+
+LOADERS: dict[str, Callable[[str | Path], list[Task]]] = {
+    "mbpp": load_mbpp,
+    "mbpp-sanitized": load_sanitized_mbpp,
+    "humaneval": load_humaneval,
+    "jsonl": load_jsonl,
+}
+
+
+def load_task_set(name: str, path: str | Path) -> list[Task]:
+    """Load a task set by its format name: mbpp, mbpp-sanitized, humaneval, or jsonl (Task records)."""
+    try:
+        loader = LOADERS[name]
+    except KeyError:
+        raise ValueError(f"unknown task set {name!r}; known: {', '.join(LOADERS)}") from None
+    return loader(path)
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each non-blank line of a JSONL file, gzip-compressed when it ends in .gz."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TaskFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+                yield f"{path}:{lineno}", record
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise TaskFileError(f"{path}: not a complete gzip file: {e}") from None
+
+
+def _json_array_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each element of a file holding one JSON array.
+
+    The published file is a single line, so records are located by index, not by line.
+    """
+    text = path.read_text(encoding="utf-8")
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TaskFileError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(records, list):
+        raise TaskFileError(f"{path}:1: expected a JSON array of task records, got {type(records).__name__}")
+    for index, record in enumerate(records):
+        yield f"{path}: record {index}", record
+
+
+def _build_tasks(
+    path: Path,
+    records: Iterable[tuple[str, Any]],
+    fields: dict[str, type],
+    make_task: Callable[[Record], Task],
+) -> list[Task]:
+    """Check each record's fields (a `list` field must hold strings), build its Task, reject duplicates."""
+    tasks: list[Task] = []
+    seen: dict[str, str] = {}
+    for where, record in records:
+        if not isinstance(record, dict):
+            raise TaskFileError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        for name, kind in fields.items():
+            if name not in record:
+                raise TaskFileError(f"{where}: missing field {name!r}")
+            value = record[name]
+            if not isinstance(value, kind) or isinstance(value, bool) or (
+                kind is list and not all(isinstance(item, str) for item in value)
+            ):
+                expected = "a list of strings" if kind is list else kind.__name__
+                raise TaskFileError(f"{where}: field {name!r} should be {expected}, got {value!r:.80}")
+        try:
+            task = make_task(record)
+        except ValidationError as e:
+            reasons = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in e.errors()
+            )
+            raise TaskFileError(f"{where}: invalid task: {reasons}") from None
+        except ValueError as e:
+            raise TaskFileError(f"{where}: {e}") from None
+        if task.id in seen:
+            raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first at {seen[task.id]})")
+        seen[task.id] = where
+        tasks.append(task)
+    if not tasks:
+        raise TaskFileError(f"{path}: no tasks in file")
+    return tasks

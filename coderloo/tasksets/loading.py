@@ -1,0 +1,27 @@
+"""Choosing the train and evaluation tasks a config names."""
+from __future__ import annotations
+
+from coderloo.tasksets.benchmarks import load_task_set
+from coderloo.tasksets.synthetic import synthetic_suite
+from coderloo.tasksets.task import Task
+
+
+def _load(name: str, path: str | None, split: str) -> list[Task]:
+    tasks = synthetic_suite()[split] if name == "synthetic" else load_task_set(name, path)
+    if name != "synthetic":
+        tasks = [t for t in tasks if t.split == split]
+    if not tasks:
+        raise ValueError(f"task set {name!r} has no tasks in split {split!r}")
+    return tasks
+
+
+def load_tasks(config) -> tuple[list[Task], list[Task]]:
+    """(train tasks, evaluation tasks) for a coderloo.config.TasksConfig."""
+    train = _load(config.train_set, config.train_path, config.train_split)
+    evaluation = _load(config.eval_set, config.eval_path, config.eval_split)
+    if config.max_eval_tasks:
+        evaluation = evaluation[: config.max_eval_tasks]
+    overlap = {t.id for t in train} & {t.id for t in evaluation}
+    if overlap:
+        raise ValueError(f"{len(overlap)} tasks are in both the train and the evaluation set, e.g. {sorted(overlap)[:3]}")
+    return train, evaluation

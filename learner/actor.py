@@ -1,0 +1,163 @@
+"""The DeepSpeed learner: a Ray actor that owns the policy, its optimizer and the reference model."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import ray
+import torch
+
+from learner.batch import PackedBatch, TrainSequence, micro_batches, pack
+from learner.losses import masked_mean, policy_loss, sft_loss, token_logprobs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def publishable_state(model) -> dict[str, torch.Tensor]:
+    """Full weights for the rollout workers, a tied embedding under both of its names.
+
+    A receiver that maps lm_head to the embedding ignores the extra name; one that does not would
+    otherwise keep a stale lm_head and sample from the old policy without any error.
+    """
+    state = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state["lm_head.weight"] = model.get_input_embeddings().weight.detach().clone()
+    return state
+
+
+@ray.remote
+class Learner:
+    """One rank of the policy learner (a single rank on one machine).
+
+    `config` is a coderloo.config.LearnerConfig; the learner knows nothing of sandboxes or HTTP.
+    """
+
+    def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None):
+        # Without the deepspeed launcher, DeepSpeed needs the torch.distributed rendezvous in env.
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
+        import deepspeed
+
+        from coderloo.models import load_causal_lm, load_tokenizer
+
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.model_path = model_path
+        self.temperature = temperature
+        self.tokenizer = load_tokenizer(model_path)
+        self.pad_id = self.tokenizer.pad_token_id
+        model = load_causal_lm(model_path)
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = load_causal_lm(model_path).eval().requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,  # batches are packed by us; the count is informational
+            "gradient_accumulation_steps": config.grad_accum_steps,
+            "gradient_clipping": config.max_grad_norm,
+            "zero_optimization": {"stage": config.zero_stage},
+            "bf16": {"enabled": config.dtype == "bfloat16"},
+            "steps_per_print": 10**9,
+        }
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.sft_lr = sft_lr
+        self.updates = 0
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _logprobs(self, model, batch: PackedBatch) -> torch.Tensor:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return token_logprobs(logits, batch.input_ids, self.temperature)
+
+    def train_step(self, sequences: list[TrainSequence]) -> dict[str, float]:
+        """One optimizer step of the policy-gradient loss over the given samples."""
+        self._set_lr(self.config.lr)
+        self.engine.train()
+        totals: dict[str, float] = {}
+        chunks = micro_batches(sequences, min(self.config.grad_accum_steps, len(sequences)))
+        for chunk in chunks:
+            batch = pack(chunk, self.pad_id)
+            logprobs = self._logprobs(self.engine, batch)
+            ref_logprobs = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logprobs = self._logprobs(self.reference, batch)
+            loss, stats = policy_loss(
+                logprobs,
+                batch.old_logprobs,
+                batch.advantages,
+                batch.completion_mask,
+                clip_eps=self.config.clip_eps,
+                ref_logprobs=ref_logprobs,
+                kl_coef=self.config.kl_coef,
+            )
+            with torch.no_grad():
+                diff = (logprobs - batch.old_logprobs).abs() * batch.completion_mask
+                stats["logprob_diff_mean"] = (diff.sum() / batch.completion_mask.sum()).item()
+                stats["logprob_diff_max"] = diff.max().item()
+            self.engine.backward(loss)
+            self.engine.step()
+            stats["loss"] = loss.item()
+            for key, value in stats.items():
+                if key == "logprob_diff_max":
+                    totals[key] = max(totals.get(key, 0.0), value)
+                else:
+                    totals[key] = totals.get(key, 0.0) + value / len(chunks)
+        self._finish_step(len(chunks))
+        totals["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+        return totals
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """One optimizer step of next-token loss on (prompt_ids, completion_ids) pairs."""
+        self._set_lr(self.sft_lr or self.config.lr)
+        self.engine.train()
+        chunks = micro_batches(examples, min(self.config.grad_accum_steps, len(examples)))
+        total = 0.0
+        for chunk in chunks:
+            seqs = [TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in chunk]
+            batch = pack(seqs, self.pad_id)
+            loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask)
+            self.engine.backward(loss)
+            self.engine.step()
+            total += loss.item() / len(chunks)
+        self._finish_step(len(chunks))
+        return {"sft_loss": total}
+
+    def _finish_step(self, micro_steps: int) -> None:
+        # DeepSpeed steps the optimizer every grad_accum_steps micro-batches: a step with fewer
+        # would silently carry its gradients into the next one.
+        if micro_steps != self.config.grad_accum_steps:
+            raise RuntimeError(
+                f"a step needs exactly grad_accum_steps={self.config.grad_accum_steps} micro-batches, got {micro_steps}"
+            )
+        self.updates += 1
+
+    def logprobs(self, sequences: list[TrainSequence]) -> list[list[float]]:
+        """The learner's logprobs of each completion token (for checks and mismatch monitoring)."""
+        self.engine.eval()
+        batch = pack(sequences, self.pad_id)
+        with torch.no_grad():
+            lp = self._logprobs(self.engine, batch)
+        return [lp[i][batch.completion_mask[i].bool()].tolist() for i in range(len(sequences))]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return publishable_state(self.engine.module)
+
+    def save(self, path: str) -> str:
+        """Save the policy in Hugging Face format, loadable by `coderloo eval` and by vLLM."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.engine.module.save_pretrained(path, safe_serialization=True)
+        # Copy the tokenizer files as they are: re-saving through a loaded class can change them.
+        for name in os.listdir(self.model_path):
+            if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+                shutil.copy(Path(self.model_path) / name, Path(path) / name)
+        return path

@@ -1,0 +1,64 @@
+"""Packing sequences of different lengths into padded tensors for the learner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainSequence:
+    """One sampled completion, as the learner needs it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]  # the sampler's logprob of each completion token
+    advantage: float
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [B, T], right-padded
+    attention_mask: torch.Tensor  # [B, T]
+    completion_mask: torch.Tensor  # [B, T-1], aligned with next-token logprobs
+    old_logprobs: torch.Tensor  # [B, T-1]
+    advantages: torch.Tensor  # [B]
+
+
+def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
+    width = max(lengths)
+    batch = len(sequences)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    completion_mask = torch.zeros((batch, width - 1))
+    old_logprobs = torch.zeros((batch, width - 1))
+    for row, seq in enumerate(sequences):
+        if len(seq.old_logprobs) != len(seq.completion_ids):
+            raise ValueError(
+                f"sequence {row}: {len(seq.old_logprobs)} logprobs for {len(seq.completion_ids)} completion tokens"
+            )
+        ids = seq.prompt_ids + seq.completion_ids
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        # Next-token position t predicts token t+1: completion token j sits at len(prompt)+j,
+        # so it is predicted at position len(prompt)+j-1.
+        start = len(seq.prompt_ids) - 1
+        end = start + len(seq.completion_ids)
+        completion_mask[row, start:end] = 1
+        old_logprobs[row, start:end] = torch.tensor(seq.old_logprobs)
+    advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
+    return PackedBatch(input_ids, attention_mask, completion_mask, old_logprobs, advantages)
+
+
+def micro_batches(sequences: list, count: int) -> list[list]:
+    """Split into `count` near-equal consecutive chunks (gradient accumulation steps)."""
+    if not 1 <= count <= len(sequences):
+        raise ValueError(f"cannot split {len(sequences)} sequences into {count} micro-batches")
+    size, extra = divmod(len(sequences), count)
+    chunks, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(sequences[start:end])
+        start = end
+    return chunks

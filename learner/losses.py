@@ -1,0 +1,61 @@
+"""Losses: pure functions of per-token tensors, tested alone."""
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of each next token: out[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1]).
+
+    Logits are divided by the sampling temperature so that the values match what the sampler used.
+    """
+    logits = logits[:, :-1].float() / temperature
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    return torch.gather(logits.log_softmax(dim=-1), -1, targets).squeeze(-1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss over completion tokens, with an optional KL penalty.
+
+    Shapes: logprobs, old_logprobs, ref_logprobs, mask are [B, T]; advantages is [B] (one per
+    sequence, as RLOO gives) or [B, T] (per-token). The ratio is taken against the logprobs the
+    sampler recorded, so stale or mismatched samples are clipped rather than trusted. The loss is
+    the mean over all completion tokens in the batch. KL uses the k3 estimator (unbiased, >= 0).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    mask = mask.to(logprobs.dtype)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    per_token = -torch.min(unclipped, clipped)
+    stats = {
+        "pg_loss": masked_mean(per_token, mask).item(),
+        "clip_fraction": masked_mean((unclipped != clipped).to(mask.dtype), mask).item(),
+        "ratio_mean": masked_mean(ratio, mask).item(),
+    }
+    if ref_logprobs is not None and kl_coef > 0:
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + kl_coef * kl
+        stats["kl"] = masked_mean(kl, mask).item()
+    loss = masked_mean(per_token, mask)
+    return loss, stats
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of the masked (completion) tokens."""
+    return -masked_mean(logprobs, mask.to(logprobs.dtype))

@@ -1,0 +1,77 @@
+"""Generation with transformers: slower than vLLM, but any model and no extra engine."""
+from __future__ import annotations
+
+import torch
+
+from rollout_workers.types import GenerationParams, PromptRollout, Sample
+
+
+class TransformersBackend:
+    def __init__(self, model_path: str, seed: int = 0):
+        from coderloo.models import load_causal_lm, load_tokenizer
+
+        self.tokenizer = load_tokenizer(model_path)
+        self.model = load_causal_lm(model_path).eval()
+        self.seed = seed
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], params: GenerationParams, version: int) -> list[PromptRollout]:
+        eos = self.tokenizer.eos_token_id
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        rollouts = []
+        for prompt in prompts:
+            prompt_ids = self.tokenizer(prompt)["input_ids"]
+            greedy = params.temperature == 0
+            out = self.model.generate(
+                torch.tensor([prompt_ids]),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                do_sample=not greedy,
+                temperature=None if greedy else params.temperature,
+                top_p=None if greedy else params.top_p,
+                top_k=None if greedy else 0,
+                num_return_sequences=params.n,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=eos,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            # scores are the processed (temperature-scaled, filtered) logits of each step
+            step_logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+            samples = []
+            for row in range(params.n):
+                ids = out.sequences[row, len(prompt_ids):].tolist()
+                if eos in ids:
+                    ids = ids[: ids.index(eos) + 1]
+                    finish = "stop"
+                else:
+                    finish = "length"
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                ids, text, finish = _apply_stop(ids, text, finish, params.stop, self.tokenizer)
+                logprobs = [step_logprobs[row, t, tok].item() for t, tok in enumerate(ids)]
+                samples.append(Sample(ids, logprobs, text, finish, version))
+            rollouts.append(PromptRollout(prompt_ids, samples))
+        return rollouts
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"weight update does not fit the model: missing {missing}, unexpected {unexpected}")
+        if self.model.config.tie_word_embeddings:
+            self.model.tie_weights()
+
+    def probe(self, names: list[str]) -> dict[str, float]:
+        params = dict(self.model.named_parameters())
+        return {n: float(params[n].detach().double().sum()) for n in names if n in params}
+
+
+def _apply_stop(ids, text, finish, stops, tokenizer):
+    """Cut at the first stop sequence, as vLLM does: the text loses it, the tokens keep up to it."""
+    cut = min((text.find(s) for s in stops if s in text), default=-1)
+    if cut < 0:
+        return ids, text, finish
+    for n in range(1, len(ids) + 1):
+        if len(tokenizer.decode(ids[:n], skip_special_tokens=True)) > cut:
+            return ids[:n], text[:cut], "stop"
+    return ids, text[:cut], "stop"

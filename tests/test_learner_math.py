@@ -1,0 +1,107 @@
+"""Advantage estimators, losses and batch packing: pure functions, checked against hand values."""
+import pytest
+import torch
+
+from learner.advantages import rloo_advantages, whiten
+from learner.batch import TrainSequence, micro_batches, pack
+from learner.losses import policy_loss, sft_loss, token_logprobs
+
+
+def test_rloo_example_from_the_issue():
+    adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    assert torch.allclose(adv, torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+
+
+def test_rloo_groups_are_independent_and_sum_to_zero():
+    rewards = torch.tensor([[0.5, 0.5, 0.5], [3.0, 0.0, 0.0], [0.0, 1.0, 2.0]])
+    adv = rloo_advantages(rewards)
+    assert torch.allclose(adv[0], torch.zeros(3))  # equal rewards: no signal
+    assert torch.allclose(adv[1], torch.tensor([3.0, -1.5, -1.5]))
+    assert torch.allclose(adv[2], torch.tensor([-1.5, 0.0, 1.5]))
+    assert torch.allclose(adv.sum(dim=1), torch.zeros(3))
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 1), (1, 1, 4)])
+def test_rloo_rejects_bad_shapes(shape):
+    with pytest.raises(ValueError):
+        rloo_advantages(torch.zeros(shape))
+
+
+def test_whiten_scales_to_unit_std():
+    adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]]))
+    out = whiten(adv)
+    assert torch.allclose(out.std(unbiased=False), torch.tensor(1.0), atol=1e-4)
+    assert torch.allclose(out / out[0, 0], adv / adv[0, 0])  # same direction, only scaled
+
+
+def test_policy_loss_gradient_on_policy():
+    # With logprobs equal to the sampler's, ratio = 1 and d loss / d logprob_t = -A * mask_t / sum(mask).
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -0.1]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    advantages = torch.tensor([2.0, -1.0])
+    loss, stats = policy_loss(logprobs, logprobs.detach().clone(), advantages, mask, clip_eps=0.2)
+    loss.backward()
+    expected = -advantages[:, None] * mask / mask.sum()
+    assert torch.allclose(logprobs.grad, expected)
+    assert loss.item() == pytest.approx(-(2.0 * 2 - 1.0 * 3) / 5)
+    assert stats["clip_fraction"] == 0.0
+
+
+def test_policy_loss_clips_the_ratio():
+    # A positive advantage with a ratio above 1 + eps: clipped, so no gradient flows.
+    old = torch.tensor([[-2.0, -2.0]])
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)  # ratio e^1 at t=0, 1 at t=1
+    loss, stats = policy_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2)
+    loss.backward()
+    assert logprobs.grad[0, 0].item() == 0.0
+    assert logprobs.grad[0, 1].item() == pytest.approx(-0.5)
+    assert stats["clip_fraction"] == 0.5
+    assert loss.item() == pytest.approx(-(1.2 + 1.0) / 2)
+
+
+def test_kl_penalty_is_zero_at_the_reference_and_positive_elsewhere():
+    lp = torch.tensor([[-1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    zero = torch.zeros(1)
+    loss_same, stats_same = policy_loss(lp, lp, zero, mask, 0.2, ref_logprobs=lp, kl_coef=0.5)
+    assert stats_same["kl"] == 0.0 and loss_same.item() == 0.0
+    loss_far, stats_far = policy_loss(lp, lp, zero, mask, 0.2, ref_logprobs=lp - 1.0, kl_coef=0.5)
+    kl = torch.exp(torch.tensor(-1.0)) + 1.0 - 1.0  # k3 with delta = -1
+    assert stats_far["kl"] == pytest.approx(kl.item())
+    assert loss_far.item() == pytest.approx(0.5 * kl.item())
+
+
+def test_token_logprobs_aligns_next_tokens_and_applies_temperature():
+    logits = torch.randn(1, 3, 5)
+    ids = torch.tensor([[1, 4, 2]])
+    lp = token_logprobs(logits, ids, temperature=2.0)
+    expected = (logits[0, :2] / 2.0).log_softmax(-1)[torch.arange(2), torch.tensor([4, 2])]
+    assert torch.allclose(lp[0], expected)
+
+
+def test_sft_loss_is_masked_nll():
+    lp = torch.tensor([[-1.0, -3.0, -5.0]])
+    assert sft_loss(lp, torch.tensor([[0.0, 1.0, 1.0]])).item() == pytest.approx(4.0)
+
+
+def test_pack_masks_only_completion_positions():
+    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], 1.0), TrainSequence([5], [8, 9, 10], [-1.0, -2.0, -3.0], -1.0)]
+    b = pack(seqs, pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # position t predicts token t+1: completion tokens of row 0 are predicted at 2 and 3
+    assert b.completion_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    assert torch.allclose(b.old_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [-1.0, -2.0, -3.0, 0]]))
+    assert b.advantages.tolist() == [1.0, -1.0]
+
+
+def test_pack_rejects_misaligned_logprobs():
+    with pytest.raises(ValueError, match="2 logprobs for 3 completion tokens"):
+        pack([TrainSequence([1], [2, 3, 4], [0.0, 0.0], 0.0)], pad_id=0)
+
+
+def test_micro_batches_cover_everything_in_order():
+    chunks = micro_batches(list(range(7)), 3)
+    assert chunks == [[0, 1, 2], [3, 4], [5, 6]]
+    with pytest.raises(ValueError):
+        micro_batches([1], 2)
