@@ -70,6 +70,11 @@ class LearnerConfig(Section):
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Training precision.")
+    optimizer_steps: int = Field(
+        default=4, ge=1,
+        description="Optimizer steps per RL batch: the samples are split into this many mini-batches "
+        "(later ones are slightly off-policy; the clipped ratio accounts for it).",
+    )
     grad_accum_steps: int = Field(default=2, ge=1, description="Micro-batches per optimizer step.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio.")

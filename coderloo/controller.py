@@ -58,6 +58,7 @@ def train(config: Config) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / "config.yaml")
     metrics = MetricsLog(out / "metrics.jsonl")
+    samples_log = MetricsLog(out / "samples.jsonl")
     rng = random.Random(config.train.seed)
 
     # --- set-up: tasks, model, Ray actors ---
@@ -153,6 +154,9 @@ def train(config: Config) -> dict:
             **stats,
         }
         metrics.write("rl", step, **record)
+        shown = rng.randrange(len(tasks))  # one group per step, to read what the policy writes
+        samples_log.write("rl", step, task=tasks[shown].id, completions=[s.text for s in rollouts[shown].samples],
+                          rewards=reward_matrix[shown].tolist())
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
         if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
             run_eval("rl", step)

@@ -29,11 +29,10 @@ def evaluate(
     max_new_tokens: int,
     stop: list[str],
     greedy: bool,
-    seed: int = 1234,
 ) -> dict[str, float]:
     """pass@k over `tasks` from n samples each; with `greedy`, also greedy pass@1."""
     prompts = [t.prompt for t in tasks]
-    params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop, seed=seed)
+    params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
     rollouts = generate(workers, prompts, params)
     pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
     rewards = scorer.score([p[0] for p in pairs], [p[1] for p in pairs])

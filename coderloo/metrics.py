@@ -12,7 +12,7 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("")
 
-    def write(self, phase: str, step: int, **values: float) -> None:
+    def write(self, phase: str, step: int, **values) -> None:
         record = {"phase": phase, "step": step, "time": round(time.time(), 3), **values}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")

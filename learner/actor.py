@@ -69,6 +69,7 @@ class Learner:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.sft_lr = sft_lr
         self.updates = 0
+        self.grad_norm: float | None = None
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -79,41 +80,53 @@ class Learner:
         return token_logprobs(logits, batch.input_ids, self.temperature)
 
     def train_step(self, sequences: list[TrainSequence]) -> dict[str, float]:
-        """One optimizer step of the policy-gradient loss over the given samples."""
+        """Policy-gradient updates over one batch of samples.
+
+        The batch is split into `optimizer_steps` mini-batches, each one optimizer step of
+        `grad_accum_steps` micro-batches. Mini-batches after the first are slightly off-policy;
+        the ratio against the sampler's logprobs, clipped, accounts for it.
+        """
         self._set_lr(self.config.lr)
         self.engine.train()
         totals: dict[str, float] = {}
-        chunks = micro_batches(sequences, min(self.config.grad_accum_steps, len(sequences)))
-        for chunk in chunks:
-            batch = pack(chunk, self.pad_id)
-            logprobs = self._logprobs(self.engine, batch)
-            ref_logprobs = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logprobs = self._logprobs(self.reference, batch)
-            loss, stats = policy_loss(
-                logprobs,
-                batch.old_logprobs,
-                batch.advantages,
-                batch.completion_mask,
-                clip_eps=self.config.clip_eps,
-                ref_logprobs=ref_logprobs,
-                kl_coef=self.config.kl_coef,
-            )
-            with torch.no_grad():
-                diff = (logprobs - batch.old_logprobs).abs() * batch.completion_mask
-                stats["logprob_diff_mean"] = (diff.sum() / batch.completion_mask.sum()).item()
-                stats["logprob_diff_max"] = diff.max().item()
-            self.engine.backward(loss)
-            self.engine.step()
-            stats["loss"] = loss.item()
-            for key, value in stats.items():
-                if key == "logprob_diff_max":
-                    totals[key] = max(totals.get(key, 0.0), value)
-                else:
-                    totals[key] = totals.get(key, 0.0) + value / len(chunks)
-        self._finish_step(len(chunks))
-        totals["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+        minis = micro_batches(sequences, self.config.optimizer_steps)
+        count = self.config.optimizer_steps * self.config.grad_accum_steps
+        mismatch_sum, mismatch_max, mismatch_tokens = 0.0, 0.0, 0.0
+        for mini_index, mini in enumerate(minis):
+            chunks = micro_batches(mini, self.config.grad_accum_steps)
+            for chunk in chunks:
+                batch = pack(chunk, self.pad_id)
+                logprobs = self._logprobs(self.engine, batch)
+                ref_logprobs = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_logprobs = self._logprobs(self.reference, batch)
+                loss, stats = policy_loss(
+                    logprobs,
+                    batch.old_logprobs,
+                    batch.advantages,
+                    batch.completion_mask,
+                    clip_eps=self.config.clip_eps,
+                    ref_logprobs=ref_logprobs,
+                    kl_coef=self.config.kl_coef,
+                )
+                if mini_index == 0:
+                    # Before any update the learner's logprobs should equal the sampler's: the
+                    # gap measures the sampler/learner mismatch (kernels, precision, stale weights).
+                    with torch.no_grad():
+                        diff = (logprobs - batch.old_logprobs).abs() * batch.completion_mask
+                    mismatch_sum += diff.sum().item()
+                    mismatch_max = max(mismatch_max, diff.max().item())
+                    mismatch_tokens += batch.completion_mask.sum().item()
+                self.engine.backward(loss)
+                self._step()
+                stats["loss"] = loss.item()
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value / count
+            self._finish_step(len(chunks))
+        totals["grad_norm"] = self.grad_norm
+        totals["sampler_logprob_diff_mean"] = mismatch_sum / max(mismatch_tokens, 1.0)
+        totals["sampler_logprob_diff_max"] = mismatch_max
         return totals
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
@@ -127,10 +140,23 @@ class Learner:
             batch = pack(seqs, self.pad_id)
             loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask)
             self.engine.backward(loss)
-            self.engine.step()
+            self._step()
             total += loss.item() / len(chunks)
         self._finish_step(len(chunks))
-        return {"sft_loss": total}
+        return {"sft_loss": total, "grad_norm": self.grad_norm}
+
+    def _step(self) -> None:
+        """engine.step(), recording the gradient norm (before clipping) at an optimizer step."""
+        if self.engine.is_gradient_accumulation_boundary():
+            # ZeRO-2/3 optimizers report the norm of their partitioned gradients; with a plain
+            # optimizer (ZeRO 0/1) the gradients are whole here and we measure them ourselves.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            own = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+            self.engine.step()
+            reported = self.engine.get_global_grad_norm()
+            self.grad_norm = float(reported) if reported is not None else own
+        else:
+            self.engine.step()
 
     def _finish_step(self, micro_steps: int) -> None:
         # DeepSpeed steps the optimizer every grad_accum_steps micro-batches: a step with fewer

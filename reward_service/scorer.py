@@ -1,6 +1,7 @@
 """Turning completions into rewards: extract the program, check syntax, run the tests in the pool."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import ray
@@ -21,7 +22,9 @@ class Reward:
 
 def compiles(program: str) -> bool:
     try:
-        compile(program, "<completion>", "exec")  # parses and compiles; executes nothing
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a model's odd literals are not the trainer's warnings
+            compile(program, "<completion>", "exec")  # parses and compiles; executes nothing
         return True
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
@@ -35,23 +38,29 @@ class RewardScorer:
         self.functionality_weight = functionality_weight
 
     def submit(self, tasks: list[Task], completions: list[str]) -> list[ray.ObjectRef]:
-        """Start executing each (task, completion) pair; returns one future per pair."""
-        requests = [
-            ExecutionRequest(
-                program=task.program(extract_code(text, task.prompt_is_code)),
-                tests=task.tests,
-                test_setup=task.test_setup,
-                limits=self.limits,
-            )
-            for task, text in zip(tasks, completions, strict=True)
-        ]
-        return self.pool.submit(requests)
+        """Start executing each (task, completion) pair; returns one future per pair.
+
+        Identical programs of one task run once: a sharpening policy repeats itself often.
+        """
+        unique: dict[tuple[str, str], int] = {}
+        requests, index = [], []
+        for task, text in zip(tasks, completions, strict=True):
+            program = task.program(extract_code(text, task.prompt_is_code))
+            key = (task.id, program)
+            if key not in unique:
+                unique[key] = len(requests)
+                requests.append(
+                    ExecutionRequest(program=program, tests=task.tests, test_setup=task.test_setup, limits=self.limits)
+                )
+            index.append(unique[key])
+        refs = self.pool.submit(requests)
+        return [refs[i] for i in index]
 
     def reward(self, task: Task, completion: str, result: ExecutionResult) -> Reward:
         syntax = 1.0 if compiles(task.program(extract_code(completion, task.prompt_is_code))) else 0.0
         functionality = result.fraction_passed
         total = self.syntax_weight * syntax + self.functionality_weight * functionality
-        return Reward(total, syntax, functionality, result.status == Status.PASSED, result.status)
+        return Reward(total, syntax, functionality, result.status == Status.passed, result.status)
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[Reward]:
         results = ray.get(self.submit(tasks, completions))

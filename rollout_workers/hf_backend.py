@@ -12,13 +12,11 @@ class TransformersBackend:
 
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_causal_lm(model_path).eval()
-        self.seed = seed
+        torch.manual_seed(seed)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: GenerationParams, version: int) -> list[PromptRollout]:
         eos = self.tokenizer.eos_token_id
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
         rollouts = []
         for prompt in prompts:
             prompt_ids = self.tokenizer(prompt)["input_ids"]

@@ -11,7 +11,6 @@ class GenerationParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
-    seed: int | None = None
 
 
 @dataclass

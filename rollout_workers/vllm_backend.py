@@ -31,7 +31,6 @@ class VLLMBackend:
             top_p=params.top_p,
             stop=params.stop or None,
             logprobs=0,  # the sampled token's logprob only
-            seed=params.seed,
         )
         # All prompts at once: the engine batches them continuously.
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
