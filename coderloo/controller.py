@@ -75,104 +75,108 @@ def train(config: Config) -> dict:
         RolloutWorker.remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
         for i in range(config.rollout.num_workers)
     ]
-    rollout = config.rollout
-    k = rollout.samples_per_prompt
-    params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, stop=rollout.stop)
-    version = 0
+    try:
+        rollout = config.rollout
+        k = rollout.samples_per_prompt
+        params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, stop=rollout.stop)
+        version = 0
 
-    def run_eval(stage: str, step: int) -> dict[str, float]:
-        result = evaluate(
-            workers, scorer, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
-            temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
-            greedy=config.eval.greedy,
-        )
-        metrics.write("eval", step, stage=stage, version=version, **result)
-        tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
-        return result
+        def run_eval(stage: str, step: int) -> dict[str, float]:
+            result = evaluate(
+                workers, scorer, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
+                temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
+                greedy=config.eval.greedy,
+            )
+            metrics.write("eval", step, stage=stage, version=version, **result)
+            tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
+            return result
 
-    def publish() -> None:
-        nonlocal version
-        version += 1
-        push_weights(workers, learner.state_dict.remote(), version)
+        def publish() -> None:
+            nonlocal version
+            version += 1
+            push_weights(workers, learner.state_dict.remote(), version)
 
-    base = run_eval("base", 0)
+        base = run_eval("base", 0)
 
-    # --- SFT warm-up on reference solutions ---
-    examples = sft_examples(train_tasks, tokenizer)
-    for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
-        batch = rng.sample(examples, min(config.sft.batch_size, len(examples)))
-        stats = ray.get(learner.sft_step.remote(batch))
-        metrics.write("sft", step + 1, **stats)
-    if config.sft.steps:
-        publish()
-    after_sft = run_eval("rl", 0)
+        # --- SFT warm-up on reference solutions ---
+        examples = sft_examples(train_tasks, tokenizer)
+        for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
+            batch = rng.sample(examples, min(config.sft.batch_size, len(examples)))
+            stats = ray.get(learner.sft_step.remote(batch))
+            metrics.write("sft", step + 1, **stats)
+        if config.sft.steps:
+            publish()
+        after_sft = run_eval("rl", 0)
 
-    # --- RL: RLOO ---
-    order: list = []
-    bar = tqdm(range(1, config.train.steps + 1), desc="rl", dynamic_ncols=True)
-    for step in bar:
-        t0 = time.time()
-        if len(order) < config.train.prompts_per_step:
-            order += rng.sample(train_tasks, len(train_tasks))
-        tasks, order = order[: config.train.prompts_per_step], order[config.train.prompts_per_step:]
+        # --- RL: RLOO ---
+        order: list = []
+        bar = tqdm(range(1, config.train.steps + 1), desc="rl", dynamic_ncols=True)
+        for step in bar:
+            t0 = time.time()
+            if len(order) < config.train.prompts_per_step:
+                order += rng.sample(train_tasks, len(train_tasks))
+            tasks, order = order[: config.train.prompts_per_step], order[config.train.prompts_per_step:]
 
-        # 1. k samples per prompt, tagged with the policy version that made them
-        rollouts = generate(workers, [t.prompt for t in tasks], params)
-        t_gen = time.time()
+            # 1. k samples per prompt, tagged with the policy version that made them
+            rollouts = generate(workers, [t.prompt for t in tasks], params)
+            t_gen = time.time()
 
-        # 2. rewards: every program runs against its tests in the sandbox pool
-        flat = [(task, s) for task, r in zip(tasks, rollouts) for s in r.samples]
-        rewards = scorer.score([task for task, _ in flat], [s.text for _, s in flat])
-        t_score = time.time()
+            # 2. rewards: every program runs against its tests in the sandbox pool
+            flat = [(task, s) for task, r in zip(tasks, rollouts) for s in r.samples]
+            rewards = scorer.score([task for task, _ in flat], [s.text for _, s in flat])
+            t_score = time.time()
 
-        # 3. RLOO advantages within each prompt's group of k
-        reward_matrix = torch.tensor([r.total for r in rewards]).view(len(tasks), k)
-        advantages = rloo_advantages(reward_matrix)
-        if config.learner.normalize_advantages:
-            advantages = whiten(advantages)
-        sequences = [
-            TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, float(a))
-            for r, adv_row in zip(rollouts, advantages)
-            for s, a in zip(r.samples, adv_row)
-        ]
+            # 3. RLOO advantages within each prompt's group of k
+            reward_matrix = torch.tensor([r.total for r in rewards]).view(len(tasks), k)
+            advantages = rloo_advantages(reward_matrix)
+            if config.learner.normalize_advantages:
+                advantages = whiten(advantages)
+            sequences = [
+                TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, float(a))
+                for r, adv_row in zip(rollouts, advantages)
+                for s, a in zip(r.samples, adv_row)
+            ]
 
-        # 4. one learner step, 5. new weights to the rollout workers
-        stats = ray.get(learner.train_step.remote(sequences))
-        publish()
-        dt = time.time() - t0
+            # 4. one learner step, 5. new weights to the rollout workers
+            stats = ray.get(learner.train_step.remote(sequences))
+            publish()
+            dt = time.time() - t0
 
-        record = {
-            "version": version,
-            "reward_mean": float(reward_matrix.mean()),
-            "pass_rate": sum(r.passed for r in rewards) / len(rewards),
-            "syntax_rate": sum(r.syntax for r in rewards) / len(rewards),
-            "completion_tokens_mean": sum(len(s.token_ids) for _, s in flat) / len(flat),
-            "samples_per_s": len(flat) / dt,
-            "time_generate_s": t_gen - t0,
-            "time_score_s": t_score - t_gen,
-            "time_learn_s": dt - (t_score - t0),
-            **stats,
+            record = {
+                "version": version,
+                "reward_mean": float(reward_matrix.mean()),
+                "pass_rate": sum(r.passed for r in rewards) / len(rewards),
+                "syntax_rate": sum(r.syntax for r in rewards) / len(rewards),
+                "completion_tokens_mean": sum(len(s.token_ids) for _, s in flat) / len(flat),
+                "samples_per_s": len(flat) / dt,
+                "time_generate_s": t_gen - t0,
+                "time_score_s": t_score - t_gen,
+                "time_learn_s": dt - (t_score - t0),
+                **stats,
+            }
+            metrics.write("rl", step, **record)
+            shown = rng.randrange(len(tasks))  # one group per step, to read what the policy writes
+            samples_log.write("rl", step, task=tasks[shown].id, completions=[s.text for s in rollouts[shown].samples],
+                              rewards=reward_matrix[shown].tolist())
+            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
+            if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
+                run_eval("rl", step)
+            if config.train.checkpoint_every and step % config.train.checkpoint_every == 0:
+                ray.get(learner.save.remote(str(out / "checkpoints" / f"step_{step}")))
+
+        final = run_eval("rl", config.train.steps)
+        ray.get(learner.save.remote(str(out / "checkpoints" / "final")))
+        plot_training(out / "metrics.jsonl", out / "training.png")
+        summary = {
+            "base": base,
+            "after_sft": after_sft,
+            "final": final,
+            "policy_version": version,
+            "output_dir": str(out),
         }
-        metrics.write("rl", step, **record)
-        shown = rng.randrange(len(tasks))  # one group per step, to read what the policy writes
-        samples_log.write("rl", step, task=tasks[shown].id, completions=[s.text for s in rollouts[shown].samples],
-                          rewards=reward_matrix[shown].tolist())
-        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
-        if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
-            run_eval("rl", step)
-        if config.train.checkpoint_every and step % config.train.checkpoint_every == 0:
-            ray.get(learner.save.remote(str(out / "checkpoints" / f"step_{step}")))
-
-    final = run_eval("rl", config.train.steps)
-    ray.get(learner.save.remote(str(out / "checkpoints" / "final")))
-    plot_training(out / "metrics.jsonl", out / "training.png")
-    summary = {
-        "base": base,
-        "after_sft": after_sft,
-        "final": final,
-        "policy_version": version,
-        "output_dir": str(out),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    pool.shutdown()
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    finally:
+        for actor in (learner, *workers):
+            ray.kill(actor)
+        pool.shutdown()
     return summary

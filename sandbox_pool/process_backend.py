@@ -14,6 +14,7 @@ Status.infra_error, so callers can retry them instead of rewarding or punishing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import functools
 import json
@@ -32,6 +33,7 @@ from sandbox_pool.results import ExecutionRequest, ExecutionResult, Limits, Stat
 RUNNER = str(Path(__file__).with_name("runner.py"))
 SANDBOX_UID = SANDBOX_GID = 65534  # "nobody"
 OUTPUT_TAIL_BYTES = 4096
+STOP_GRACE_S = 2.0  # to stop the program after a wall timeout, and to drain its output after the run
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
@@ -59,7 +61,10 @@ async def _execute(request: ExecutionRequest, interpreter: str, started: float) 
     drop_privileges = os.geteuid() == 0
     payload = json.dumps(request.model_dump(include={"program", "test_setup", "tests"})).encode()
 
-    with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir, tempfile.TemporaryFile() as records:
+    with (
+        tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir,
+        tempfile.TemporaryFile() as records,
+    ):
         if drop_privileges:
             os.chown(workdir, SANDBOX_UID, SANDBOX_GID)
         try:
@@ -76,22 +81,24 @@ async def _execute(request: ExecutionRequest, interpreter: str, started: float) 
         except (OSError, subprocess.SubprocessError) as e:
             # A failed _sandbox_setup explains itself in the records; the exception only says "preexec_fn".
             reasons = [r["detail"] for r in _read_records(records) if "detail" in r]
-            return _result(request, started, Status.infra_error, reasons[0] if reasons else f"cannot start the sandbox: {e}")
+            detail = reasons[0] if reasons else f"cannot start the sandbox: {e}"
+            return _result(request, started, Status.infra_error, detail)
 
         stdout = asyncio.create_task(_tail(process.stdout))
         stderr = asyncio.create_task(_tail(process.stderr))
         try:
-            await asyncio.wait_for(_feed_and_wait(process, payload), limits.wall_timeout_s)
-            timed_out = False
-        except asyncio.TimeoutError:
-            timed_out = True
+            timed_out = not await _run_to_completion(process, payload, limits.wall_timeout_s)
         finally:
             # Even after a normal exit: nothing the program started may survive the run.
             _kill_group(process.pid)
             await process.wait()
-        stdout_tail, stderr_tail = await stdout, await stderr
+        try:
+            stdout_tail, stderr_tail = await asyncio.wait_for(asyncio.gather(stdout, stderr), STOP_GRACE_S)
+        except asyncio.TimeoutError:
+            # Only a process that escaped both the group and the PID namespace can hold the pipes open.
+            return _result(request, started, Status.infra_error, "a process of the program outlived the run")
         status, detail, tests = _classify(_read_records(records), timed_out, process.returncode, limits)
-        if status is Status.infra_error and stderr_tail:
+        if status is Status.infra_error and stderr_tail.strip():
             detail += "; stderr ends with: " + stderr_tail.strip().splitlines()[-1]
         return _result(request, started, status, detail, tests, stdout_tail, stderr_tail)
 
@@ -142,6 +149,21 @@ def _unshare_network_and_pids() -> None:
     )
 
 
+async def _run_to_completion(process: asyncio.subprocess.Process, payload: bytes, timeout_s: float) -> bool:
+    """Feed the request and wait for the runner; False when the wall clock ran out first."""
+    try:
+        await asyncio.wait_for(_feed_and_wait(process, payload), timeout_s)
+        return True
+    except asyncio.TimeoutError:
+        # The runner kills the program on SIGTERM and reaps it; the caller's SIGKILL to the group
+        # comes after, for a runner that does not answer.
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        return False
+
+
 async def _feed_and_wait(process: asyncio.subprocess.Process, payload: bytes) -> None:
     try:
         process.stdin.write(payload)
@@ -161,10 +183,8 @@ async def _tail(stream: asyncio.StreamReader) -> str:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _read_records(records) -> list[dict]:

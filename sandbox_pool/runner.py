@@ -32,7 +32,7 @@ def main() -> None:
     # has no handler for (SIGXCPU, an unhandled SIGALRM), except from outside the namespace.
     pid = os.fork()
     if pid == 0:
-        # If the backend kills this supervisor (wall timeout), take the namespace down with it.
+        # Should this supervisor die (the backend's SIGKILL backstop), take the namespace down too.
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         outcome = run(request)
         for stream in (sys.stdout, sys.stderr):
@@ -43,6 +43,9 @@ def main() -> None:
         write_record(records_fd, outcome)
         os._exit(0)  # skip the program's atexit handlers and thread joins
 
+    # The backend's wall timeout arrives as SIGTERM: end the program here, so that this process,
+    # not the machine's init, reaps it (a zombie still counts against RLIMIT_NPROC).
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     _, wait_status, usage = os.wait4(pid, 0)
     write_record(
         records_fd,

@@ -1,0 +1,59 @@
+"""One short training run through Ray, vLLM, DeepSpeed and the sandbox pool."""
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from coderloo.config import load_config
+from coderloo.controller import train
+from coderloo.metrics import read_metrics
+
+
+def test_short_training_run(ray_cluster, tiny_model, tmp_path):
+    out = tmp_path / "run"
+    config = load_config(
+        "configs/default.yaml",
+        [
+            f"model.path={tiny_model}",
+            f"train.output_dir={out}",
+            "sft.steps=2",
+            "sft.batch_size=8",
+            "train.steps=2",
+            "train.prompts_per_step=4",
+            "train.eval_every=1",
+            "train.checkpoint_every=2",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=16",
+            "learner.optimizer_steps=2",
+            "learner.kl_coef=0.05",
+            "tasks.max_eval_tasks=6",
+            "eval.samples_per_task=2",
+            "eval.k=[1,2]",
+        ],
+    )
+    summary = train(config)
+
+    # the version advanced: one push after SFT, one per RL step
+    assert summary["policy_version"] == 3
+    # the weights changed
+    before = load_file(tiny_model / "model.safetensors")
+    after = load_file(out / "checkpoints" / "final" / "model.safetensors")
+    assert set(before) == set(after)
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    assert (out / "checkpoints" / "step_2" / "model.safetensors").exists()
+    # the metrics were written
+    records = read_metrics(out / "metrics.jsonl")
+    rl = [r for r in records if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2]
+    assert [r["version"] for r in rl] == [2, 3]
+    for r in rl:
+        assert 0.0 <= r["pass_rate"] <= 1.0
+        assert r["grad_norm"] is not None and r["grad_norm"] > 0
+        assert r["sampler_logprob_diff_mean"] < 1e-3  # vLLM and the learner agree on the policy
+        assert "kl" in r
+    assert len([r for r in records if r["phase"] == "sft"]) == 2
+    evals = [r for r in records if r["phase"] == "eval"]
+    assert [(r["stage"], r["step"]) for r in evals] == [("base", 0), ("rl", 0), ("rl", 1), ("rl", 2)]
+    assert all({"pass@1", "pass@2", "greedy_pass@1"} <= set(r) for r in evals)
+    assert (out / "training.png").stat().st_size > 0
+    assert json.loads((out / "summary.json").read_text())["final"] == summary["final"]

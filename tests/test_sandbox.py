@@ -1,0 +1,323 @@
+"""The process sandbox through its real backend: every status, the isolation it promises, and the Ray pool."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from pydantic import ValidationError
+
+from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, SandboxExecutor, SandboxPool, Status, execute
+
+SANDBOX_UID = 65534
+
+
+def run(program: str, tests: list[str], **limits) -> ExecutionResult:
+    request = ExecutionRequest(program=textwrap.dedent(program), tests=tests, limits=Limits(**limits))
+    return asyncio.run(execute(request))
+
+
+def processes_named(name: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == name]
+
+
+def processes_with_argument(argument: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if argument in (p.info["cmdline"] or []):
+            found.append(p)
+    return found
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValidationError):
+        Limits(wall_timeout=3)  # a typo is an error, not a silently ignored field
+    with pytest.raises(ValidationError):
+        Limits(memory_mb=0)
+    assert ExecutionRequest(program="", tests=[]).limits == Limits()
+
+
+def test_passed():
+    result = run(
+        """
+        def add(a, b):
+            return a + b
+        print("hello from the program")
+        """,
+        ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"],
+    )
+    assert result.status is Status.passed, result.detail
+    assert [t.passed for t in result.tests] == [True, True, True]
+    assert result.num_tests == 3 and result.num_passed == 3 and result.fraction_passed == 1.0
+    assert result.stdout == "hello from the program\n"
+    assert result.duration_s > 0
+
+
+def test_failed_has_per_test_outcomes():
+    result = run(
+        """
+        def add(a, b):
+            return a - b
+        """,
+        ["assert add(2, 0) == 2", "assert add(1, 2) == 3, 'wrong sum'", "add(1)", "assert add(1, 2) =="],
+    )
+    assert result.status is Status.failed
+    assert [t.passed for t in result.tests] == [True, False, False, False]
+    assert result.tests[0].error is None
+    assert result.tests[1].error == "AssertionError: wrong sum"
+    assert result.tests[2].error.startswith("TypeError: ")
+    assert result.tests[3].error.startswith("SyntaxError: ")
+    assert result.num_passed == 1 and result.fraction_passed == pytest.approx(0.25)
+
+
+def test_syntax_error():
+    result = run("def add(a, b)\n    return a + b\n", ["assert add(1, 2) == 3"])
+    assert result.status is Status.syntax_error
+    assert "SyntaxError" in result.detail and "line 1" in result.detail
+    assert result.tests == [] and result.num_tests == 1 and result.fraction_passed == 0.0
+
+
+def test_runtime_error():
+    result = run("values = {}\nfirst = values['missing']\n", ["assert True"])
+    assert result.status is Status.runtime_error
+    assert "KeyError: 'missing'" in result.detail
+    assert result.tests == [] and result.fraction_passed == 0.0
+
+
+def test_timeout_on_infinite_loop():
+    result = run("while True:\n    pass\n", ["assert True"], wall_timeout_s=1.0, cpu_time_s=30)
+    assert result.status is Status.timeout
+    assert "wall-clock" in result.detail
+    assert result.tests == []
+
+
+def test_timeout_on_cpu_limit():
+    result = run("while True:\n    pass\n", ["assert True"], wall_timeout_s=30.0, cpu_time_s=1)
+    assert result.status is Status.timeout
+    assert "CPU time" in result.detail
+
+
+@pytest.mark.parametrize(
+    "program, tests",
+    [
+        ("block = bytearray(2 * 2**30)\n", ["assert True"]),  # while loading the program
+        ("def grow():\n    return bytearray(2 * 2**30)\n", ["assert True", "assert len(grow()) > 0"]),  # in a test
+    ],
+)
+def test_memory_exceeded(program, tests):
+    result = run(program, tests, memory_mb=256)
+    assert result.status is Status.memory_exceeded, result.detail
+    assert "MemoryError" in result.detail
+
+
+def test_infra_error_when_the_interpreter_is_missing():
+    request = ExecutionRequest(program="x = 1", tests=["assert x == 1"])
+    result = asyncio.run(execute(request, interpreter="/nonexistent/bin/python3"))
+    assert result.status is Status.infra_error
+    assert "/nonexistent/bin/python3" in result.detail
+    assert result.num_tests == 1 and result.fraction_passed == 0.0
+
+
+def test_prints_do_not_fool_the_result():
+    result = run(
+        """
+        import json, sys
+        fake = {"status": "passed", "tests": [{"passed": True, "error": None}], "detail": ""}
+        print(json.dumps(fake))
+        print(json.dumps(fake), file=sys.stderr)
+        print(json.dumps({"exit_code": 0, "signal": None, "cpu_s": 0.0}))
+        """,
+        ["assert False, 'this test fails'"],
+    )
+    assert result.status is Status.failed
+    assert [t.passed for t in result.tests] == [False]
+    assert '"status": "passed"' in result.stdout and '"status": "passed"' in result.stderr
+
+
+def test_fork_bomb_is_contained_and_reaped():
+    name = f"bomb{uuid.uuid4().hex[:8]}"  # the bomb's processes carry it as their name (comm)
+    program = f"""
+        import ctypes, os
+        ctypes.CDLL(None).prctl(15, {name.encode()!r})  # PR_SET_NAME, inherited by every fork
+        def bomb():
+            refused = False
+            while True:
+                try:
+                    os.fork()
+                except BlockingIOError:
+                    if not refused:
+                        print("fork refused", flush=True)
+                        refused = True
+        """
+
+    async def run_and_watch() -> tuple[ExecutionResult, int]:
+        request = ExecutionRequest(
+            program=textwrap.dedent(program), tests=["bomb()"], limits=Limits(wall_timeout_s=3.0, max_processes=32)
+        )
+        task = asyncio.create_task(execute(request))
+        most_seen = 0
+        while not task.done():
+            most_seen = max(most_seen, len(processes_named(name)))
+            await asyncio.sleep(0.05)
+        return await task, most_seen
+
+    result, most_seen = asyncio.run(run_and_watch())
+    assert result.status is Status.timeout
+    assert most_seen >= 2, "the watcher never saw the bomb's processes"
+    if os.geteuid() == 0:
+        assert "fork refused" in result.stdout  # RLIMIT_NPROC held for the unprivileged uid
+    assert processes_named(name) == []  # none survive, not even as zombies
+
+
+def test_processes_left_behind_are_killed_after_the_run():
+    marker = f"sleeper-{uuid.uuid4().hex}"
+    go_dir = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
+    go_dir.chmod(0o755)  # the sandbox user must see the go file appear
+    go = go_dir / "go"
+    program = f"""
+        import os, subprocess, sys, time
+        def leave_sleepers():
+            sleep = [sys.executable, "-c", "import time; time.sleep(600)", {marker!r}]
+            in_group = subprocess.Popen(sleep)
+            # A new session leaves the process group: killpg alone would miss this one.
+            escaped = subprocess.Popen(sleep, start_new_session=True)
+            deadline = time.monotonic() + 30
+            while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return in_group.poll() is None and escaped.poll() is None
+        """
+
+    async def run_and_watch() -> tuple[ExecutionResult, list[int], list[int]]:
+        request = ExecutionRequest(
+            program=textwrap.dedent(program), tests=["assert leave_sleepers()"], limits=Limits(wall_timeout_s=60)
+        )
+        task = asyncio.create_task(execute(request))
+        try:
+            sleepers: list[psutil.Process] = []
+            for _ in range(400):
+                sleepers = processes_with_argument(marker)
+                if len(sleepers) == 2 or task.done():
+                    break
+                await asyncio.sleep(0.05)
+            uids = [p.uids().real for p in sleepers]
+            pids = [p.pid for p in sleepers]
+        finally:
+            go.touch()
+        return await task, pids, uids
+
+    try:
+        result, pids, uids = asyncio.run(run_and_watch())
+    finally:
+        go.unlink(missing_ok=True)
+        go_dir.rmdir()
+    assert result.status is Status.passed, (result.detail, result.stderr)
+    assert len(pids) == 2, "the sleepers never showed up"
+    if os.geteuid() == 0:
+        assert uids == [SANDBOX_UID, SANDBOX_UID]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert processes_with_argument(marker) == []
+
+
+def test_writing_past_the_file_size_limit_fails():
+    result = run(
+        """
+        def write(size):
+            with open("out.bin", "wb") as f:
+                f.write(b"x" * size)
+            return size
+        """,
+        ["assert write(1000) == 1000", "write(3 * 2**20)"],
+        file_size_mb=1,
+    )
+    assert result.status is Status.failed
+    assert result.tests[0].passed
+    assert not result.tests[1].passed and "File too large" in result.tests[1].error
+
+
+def test_network_is_unreachable():
+    program = textwrap.dedent(
+        """
+        import socket
+        def probe(port):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=3).close()
+                return "connected"
+            except OSError as e:
+                return type(e).__name__
+        """
+    )
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        # The same probe outside the sandbox does reach the server.
+        namespace: dict = {}
+        exec(program, namespace)
+        assert namespace["probe"](port) == "connected"
+        server.accept()[0].close()
+
+        result = run(program, [f"print(probe({port}))", f"assert probe({port}) != 'connected'"])
+        assert result.status is Status.passed, (result.detail, result.stdout)
+        assert "connected" not in result.stdout
+        server.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing from the sandbox arrived
+
+
+def mixed_requests(count: int) -> list[tuple[ExecutionRequest, Status]]:
+    """Requests whose outcome and output say which request they were."""
+    cases = []
+    for i in range(count):
+        function = f"print({i})\ndef f():\n    return {i}\n"
+        if i in (7, 31):
+            program, tests, limits = f"print({i}, flush=True)\nwhile True:\n    pass\n", [], Limits(wall_timeout_s=1)
+            expected = Status.timeout
+        else:
+            expected, program, tests = [
+                (Status.passed, function, [f"assert f() == {i}"] * 3),
+                (Status.failed, function, [f"assert f() == {i}", f"assert f() == {i + 1}"]),
+                (Status.syntax_error, f"print({i})\ndef f(:\n", ["assert True"]),
+                (Status.runtime_error, f"print({i})\nraise RuntimeError('request {i}')\n", ["assert True"]),
+                (Status.memory_exceeded, f"print({i})\nblock = bytearray(2**31)\n", ["assert True"]),
+            ][i % 5]
+            limits = Limits(memory_mb=256)
+        cases.append((ExecutionRequest(program=program, tests=tests, limits=limits), expected))
+    return cases
+
+
+def check_in_order(cases: list[tuple[ExecutionRequest, Status]], results: list[ExecutionResult]) -> None:
+    assert len(results) == len(cases)
+    for i, ((request, expected), result) in enumerate(zip(cases, results)):
+        assert result.status is expected, (i, result.detail)
+        assert result.num_tests == len(request.tests)
+        if expected is not Status.syntax_error:
+            assert result.stdout == f"{i}\n", i
+        if expected is Status.runtime_error:
+            assert f"request {i}" in result.detail
+
+
+def test_pool_runs_mixed_requests_in_order(ray_cluster):
+    cases = mixed_requests(50)
+    pool = SandboxPool(num_executors=2, concurrency_per_executor=4)
+    try:
+        check_in_order(cases, pool.run([request for request, _ in cases]))
+        # submit() hands back refs at once; both halves run at the same time.
+        first, second = pool.submit([r for r, _ in cases[:25]]), pool.submit([r for r, _ in cases[25:]])
+        check_in_order(cases, ray_cluster.get(first + second))
+    finally:
+        pool.shutdown()
+
+
+def test_executor_batch_keeps_order(ray_cluster):
+    cases = mixed_requests(12)
+    executor = SandboxExecutor.remote(3)
+    try:
+        check_in_order(cases, ray_cluster.get(executor.execute_batch.remote([request for request, _ in cases])))
+    finally:
+        ray_cluster.kill(executor)
