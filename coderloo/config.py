@@ -66,12 +66,12 @@ class RolloutConfig(Section):
 
 
 class LearnerConfig(Section):
-    lr: float = Field(default=5e-4, gt=0, description="AdamW learning rate of the RL phase.")
+    lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate of the RL phase.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Training precision.")
     optimizer_steps: int = Field(
-        default=4, ge=1,
+        default=2, ge=1,
         description="Optimizer steps per RL batch: the samples are split into this many mini-batches "
         "(later ones are slightly off-policy; the clipped ratio accounts for it).",
     )
@@ -84,14 +84,16 @@ class LearnerConfig(Section):
 
 
 class SFTConfig(Section):
-    steps: int = Field(default=40, ge=0, description="Supervised steps on reference solutions before RL (0: none).")
+    steps: int = Field(default=115, ge=0, description="Supervised steps on reference solutions before RL (0: none).")
     batch_size: int = Field(default=32, ge=1, description="Reference solutions per SFT step.")
     lr: float = Field(default=1e-3, gt=0, description="Learning rate of the SFT phase.")
 
 
 class RewardConfig(Section):
-    syntax_weight: float = Field(default=0.3, ge=0, description="Weight of the syntax component (program parses and compiles).")
-    functionality_weight: float = Field(default=0.5, ge=0, description="Weight of the functionality component (fraction of tests passed).")
+    # A syntax weight near the functionality weight was measured to collapse a weak policy onto
+    # "compiles, passes nothing" (pass rate to 0 within 20 steps): keep it a small shaping term.
+    syntax_weight: float = Field(default=0.1, ge=0, description="Weight of the syntax component (program parses and compiles).")
+    functionality_weight: float = Field(default=1.0, ge=0, description="Weight of the functionality component (fraction of tests passed).")
 
     @model_validator(mode="after")
     def _some_weight(self) -> "RewardConfig":

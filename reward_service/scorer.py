@@ -11,6 +11,10 @@ from reward_service.extract import extract_code
 from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, SandboxPool, Status
 
 
+class SandboxInfraError(RuntimeError):
+    """The sandbox itself failed (not the program under test)."""
+
+
 @dataclass
 class Reward:
     total: float
@@ -63,5 +67,18 @@ class RewardScorer:
         return Reward(total, syntax, functionality, result.status == Status.passed, result.status)
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[Reward]:
+        """Rewards of each pair. A sandbox failure is retried once, then raised: scoring a broken
+        sandbox's results as failed programs would silently train the policy on noise."""
         results = ray.get(self.submit(tasks, completions))
+        broken = [i for i, r in enumerate(results) if r.status == Status.infra_error]
+        if broken:
+            retried = ray.get(self.submit([tasks[i] for i in broken], [completions[i] for i in broken]))
+            for i, result in zip(broken, retried):
+                results[i] = result
+            still = [i for i in broken if results[i].status == Status.infra_error]
+            if still:
+                raise SandboxInfraError(
+                    f"{len(still)} of {len(results)} programs hit a sandbox failure twice; "
+                    f"first: task {tasks[still[0]].id}: {results[still[0]].detail}"
+                )
         return [self.reward(t, c, r) for t, c, r in zip(tasks, completions, results)]

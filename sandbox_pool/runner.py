@@ -1,60 +1,32 @@
 """The inside of a process sandbox: runs one program and its tests. Standard library only.
 
-process_backend starts it as `python -I -S runner.py RECORDS_FD` in a sandbox that is already
-set up (own session, network and PID namespaces, rlimits, unprivileged uid) and writes the
-request to its stdin as JSON: {"program": str, "test_setup": str, "tests": [str]}.
+fork_server.py calls `run_and_report` in the sandbox's first process, once that process is set
+up (own session, network and PID namespaces, rlimits, unprivileged uid, fresh working directory).
+The request is a dict: {"program": str, "test_setup": str, "tests": [str], ...}.
 
-The program's stdout and stderr are the runner's own, which the backend captures. What the
-runner has to say goes to RECORDS_FD as JSON lines, so nothing the program prints can pass
-for a result:
-  {"status", "tests", "detail"}         the outcome, once the program and its tests have run
-  {"exit_code", "signal", "cpu_s"}      how the program's process ended, written after it did
+The program's stdout and stderr are this process's own, which the supervisor captures. The
+outcome goes to a separate records fd as one JSON line, so nothing the program prints can pass
+for a result: {"status", "tests", "detail"}. How the process ended (exit code, signal, CPU time)
+the supervisor learns from the kernel.
 """
 import builtins
-import ctypes
 import json
 import os
-import signal
 import sys
 
 ERROR_CHARS = 500
-PR_SET_PDEATHSIG = 1
 
 
-def main() -> None:
-    records_fd = int(sys.argv[1])
-    os.set_inheritable(records_fd, False)  # keep it out of the program's own subprocesses
-    request = json.loads(sys.stdin.buffer.read())
-
-    # The backend unshared a PID namespace, so this child is its first process (its "init").
-    # When it exits the kernel kills and reaps everything the program started, including
-    # processes that left the process group with setsid(). As an init it ignores signals it
-    # has no handler for (SIGXCPU, an unhandled SIGALRM), except from outside the namespace.
-    pid = os.fork()
-    if pid == 0:
-        # Should this supervisor die (the backend's SIGKILL backstop), take the namespace down too.
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        outcome = run(request)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass  # the program may have closed or replaced it
-        write_record(records_fd, outcome)
-        os._exit(0)  # skip the program's atexit handlers and thread joins
-
-    # The backend's wall timeout arrives as SIGTERM: end the program here, so that this process,
-    # not the machine's init, reaps it (a zombie still counts against RLIMIT_NPROC).
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-    _, wait_status, usage = os.wait4(pid, 0)
-    write_record(
-        records_fd,
-        {
-            "exit_code": os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None,
-            "signal": os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None,
-            "cpu_s": usage.ru_utime + usage.ru_stime,
-        },
-    )
+def run_and_report(request: dict, records_fd: int) -> None:
+    """Run the request, write its outcome to `records_fd` and end the process."""
+    result = run(request)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass  # the program may have closed or replaced it
+    write_record(records_fd, result)
+    os._exit(0)  # skip the program's atexit handlers and thread joins
 
 
 def run(request: dict) -> dict:
@@ -119,7 +91,3 @@ def write_record(fd: int, record: dict) -> None:
     data = (json.dumps(record) + "\n").encode()
     while data:
         data = data[os.write(fd, data):]
-
-
-if __name__ == "__main__":
-    main()
