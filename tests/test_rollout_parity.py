@@ -12,23 +12,6 @@ PROMPTS = [t.prompt for t in synthetic_suite()["heldout"][::6]]
 GREEDY = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
 
 
-def train_on_references(model, optimizer, steps, tokenizer_path):
-    from coderloo.controller import sft_examples
-    from coderloo.models import load_tokenizer
-    from learner.batch import TrainSequence, pack
-    from learner.losses import sft_loss, token_logprobs
-
-    examples = sft_examples(synthetic_suite()["train"], load_tokenizer(tokenizer_path))
-    for step in range(steps):
-        chunk = examples[(step * 32) % len(examples):][:32]
-        batch = pack([TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in chunk], pad_id=0)
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        loss = sft_loss(token_logprobs(logits, batch.input_ids), batch.completion_mask)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-
 @pytest.fixture(scope="module")
 def untied_model(tmp_path_factory):
     spec = TinyModelSpec(tie_word_embeddings=False, seed=1)
@@ -41,14 +24,15 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
     vllm_worker = RolloutWorker.remote(path, "vllm", threads=1)
     hf_worker = RolloutWorker.remote(path, "transformers", threads=1)
     model = load_causal_lm(path)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
     previous = None
     try:
         for version in (1, 2, 3):
-            # Real training steps, so that greedy outputs are varied code rather than one
-            # repeated token (on which any two engines agree).
-            train_on_references(model, optimizer, steps=40 if version == 1 else 10, tokenizer_path=path)
+            # Large changes to every weight: the greedy outputs of a freshly initialised model
+            # are one repeated token (on which any two engines agree); these are prompt-dependent.
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.3)
             push_weights([vllm_worker, hf_worker], ray.put(publishable_state(model)), version)
             from_vllm = generate([vllm_worker], PROMPTS, GREEDY)
             from_hf = generate([hf_worker], PROMPTS, GREEDY)
