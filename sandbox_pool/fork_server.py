@@ -27,6 +27,7 @@ Programs share the server's network namespace and uid: concurrent programs could
 abstract unix sockets, as they could already through the file system.
 """
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -37,8 +38,12 @@ import socket
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
+# -I leaves this folder out of sys.path; put it back for one import only, so that programs
+# cannot import the sandbox's modules by accident.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runner  # noqa: E402
+
+del sys.path[0]
 
 SANDBOX_UID = SANDBOX_GID = 65534  # "nobody"
 RECORDS_FD = 3  # in the sandbox, after stdin (/dev/null, the server's own), stdout and stderr
@@ -51,7 +56,6 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -62,6 +66,7 @@ def main() -> None:
     drop_privileges = os.geteuid() == 0  # decided before a user namespace would map us to "nobody"
     unshare_network()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the supervisors
+    gc.freeze()  # forks then share the modules' objects instead of copying the pages the collector visits
     serve(control, work_root, drop_privileges)
 
 
@@ -177,16 +182,15 @@ def enter_sandbox(
             os.setgroups([])
             os.setgid(SANDBOX_GID)
             os.setuid(SANDBOX_UID)
-        # Both after the uid change, which resets them. Dumpable: /proc/self is the program's own
-        # again, as after an exec.
+        # After the uid change, which resets it (and leaves this process undumpable: other
+        # programs, also uid 65534, cannot read its memory through /proc).
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # should the supervisor die, take the namespace down
-        libc.prctl(PR_SET_DUMPABLE, 1)
         if select.select([supervisor], [], [], 0)[0]:
             os._exit(1)  # it died before the line above
         os.closerange(RECORDS_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
     except BaseException as e:
-        record = {"status": "infra_error", "detail": f"sandbox set-up failed: {type(e).__name__}: {e}"}
-        runner.write_record(records, record)
+        detail = f"sandbox set-up failed: {type(e).__name__}: {e}"
+        runner.write_record(records, runner.outcome("infra_error", [], detail))
         raise
     runner.run_and_report(request, RECORDS_FD)
 

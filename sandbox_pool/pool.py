@@ -5,13 +5,14 @@ import asyncio
 
 import ray
 
-from sandbox_pool.process_backend import execute
+from sandbox_pool.process_backend import ForkServer
 from sandbox_pool.results import ExecutionRequest, ExecutionResult
 
 
 @ray.remote
 class SandboxExecutor:
-    """Runs requests in process sandboxes on its node, at most `max_concurrency` at a time.
+    """Runs requests in process sandboxes on its node, at most `max_concurrency` at a time, all
+    forked by its own fork server (which ends with the actor).
 
     An async actor: Ray lets it take many calls at once (up to 1000), and the semaphore, not
     Ray, decides how many programs run, so single calls and batches share the same slots.
@@ -19,10 +20,11 @@ class SandboxExecutor:
 
     def __init__(self, max_concurrency: int):
         self._slots = asyncio.Semaphore(max_concurrency)
+        self._fork_server = ForkServer()
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         async with self._slots:
-            return await execute(request)
+            return await self._fork_server.execute(request)
 
     async def execute_batch(self, requests: list[ExecutionRequest]) -> list[ExecutionResult]:
         return list(await asyncio.gather(*(self.execute(request) for request in requests)))

@@ -9,10 +9,11 @@ not isolate: the file system beyond Unix permissions (the program can read what 
 read) and, since all runs share uid 65534, the process limit, which concurrent runs on one
 machine share. Runs forked from one server also share its hash seed (set iteration order).
 
-This module is the executor's side: one fork server per process and interpreter, restarted when
-it dies, and the meaning of its reports. `execute` never raises for a run that went wrong: the
-sandbox's own failures come back as Status.infra_error, so callers can retry them instead of
-rewarding or punishing the program.
+This module is the executor's side: `ForkServer` (the server process, restarted when it dies,
+and the client of its protocol), the module-level `execute` on a default server per process, and
+the meaning of the server's reports. Neither raises for a run that went wrong: the sandbox's own
+failures come back as Status.infra_error, so callers can retry them instead of rewarding or
+punishing the program.
 """
 from __future__ import annotations
 
@@ -40,65 +41,77 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 ANSWER_MARGIN_S = 10.0
 
 
+_fork_servers: dict[str | None, ForkServer] = {}  # the module-level `execute`'s, by interpreter
+
+
 class SandboxUnavailable(Exception):
     """The sandbox machinery, not the program, failed; the message says how."""
 
 
 async def execute(request: ExecutionRequest, interpreter: str | None = None) -> ExecutionResult:
-    """Run `request.program` and its tests in a fresh sandbox.
-
-    `interpreter` is the Python that runs the fork server and so the program; by default this
-    process's own Python, or a system one of the same version when the sandbox user cannot run
-    ours (see `sandbox_interpreter`).
-    """
-    started = time.monotonic()
-    try:
-        server = _fork_server(interpreter or sandbox_interpreter())
-        report = await server.run(request.model_dump_json().encode(), request.limits.wall_timeout_s + ANSWER_MARGIN_S)
-        status, detail, tests = _classify(report, request.limits)
-    except SandboxUnavailable as e:
-        return _result(request, started, Status.infra_error, str(e))
-    except Exception as e:
-        return _result(request, started, Status.infra_error, f"sandbox backend failed: {type(e).__name__}: {e}")
-    stdout, stderr = report.get("stdout", ""), report.get("stderr", "")
-    if status is Status.infra_error and stderr.strip():
-        detail += "; stderr ends with: " + stderr.strip().splitlines()[-1]
-    return _result(request, started, status, detail, tests, stdout, stderr)
+    """Run `request.program` and its tests in a fresh sandbox, forked by this process's fork
+    server for `interpreter` (see `ForkServer`), which the first call starts."""
+    if interpreter not in _fork_servers:
+        _fork_servers[interpreter] = ForkServer(interpreter)
+    return await _fork_servers[interpreter].execute(request)
 
 
 class ForkServer:
-    """A fork_server.py process and the client side of its protocol.
+    """A fork_server.py process, started on first use and restarted when it dies, and the client
+    side of its protocol.
 
     Each run gets its own socketpair: one end travels (SCM_RIGHTS over the control socket) to the
     server and on to the run's supervisor, which reads the request from it and answers with its
     report. Runs share no stream, so any number are in flight at once, and a server that dies
-    only loses the runs it had not yet forked: their sockets close unanswered.
+    only loses the runs it had not yet forked: their sockets close unanswered (an infra_error).
+
+    `interpreter` is the Python that runs the server and so the programs; by default this
+    process's own, or a system one of the same version when the sandbox user cannot run ours
+    (see `sandbox_interpreter`).
     """
 
-    def __init__(self, interpreter: str):
+    def __init__(self, interpreter: str | None = None):
         self.interpreter = interpreter
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._log: IO[bytes] | None = None  # the server's stderr: why it died, if it did
 
-    async def run(self, request: bytes, timeout_s: float) -> dict:
-        """Hand one request (JSON) to a supervisor and return its report."""
-        if self._process is not None and self._process.poll() is not None:
-            self._stop()
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run `request.program` and its tests in a fresh sandbox forked by this server."""
+        started = time.monotonic()
+        try:
+            timeout_s = request.limits.wall_timeout_s + ANSWER_MARGIN_S
+            report = await self._run(request.model_dump_json().encode(), timeout_s)
+            status, detail, tests = _classify(report, request.limits)
+        except SandboxUnavailable as e:
+            return _result(request, started, Status.infra_error, str(e))
+        except Exception as e:
+            return _result(request, started, Status.infra_error, f"sandbox backend failed: {type(e).__name__}: {e}")
+        stdout, stderr = report.get("stdout", ""), report.get("stderr", "")
+        if status is Status.infra_error and stderr.strip():
+            detail += "; stderr ends with: " + stderr.strip().splitlines()[-1]
+        return _result(request, started, status, detail, tests, stdout, stderr)
+
+    def close(self) -> None:
+        """Stop the server; runs it already forked finish and answer. The next run starts a new one."""
         if self._process is None:
-            self._start()
-        process, control, log = self._process, self._control, self._log
+            return
+        self._process.kill()
+        self._process.wait()
+        self._control.close()
+        # The log stays open for as long as a run that is explaining its failure holds it.
+        self._process = self._control = self._log = None
+
+    async def _run(self, request: bytes, timeout_s: float) -> dict:
+        """Hand one request (JSON) to a supervisor and return its report."""
         ours, theirs = socket.socketpair()
         try:
-            reply = await asyncio.wait_for(self._exchange(control, ours, theirs, request), timeout_s)
-        except (asyncio.TimeoutError, OSError) as e:
-            # The server is gone, or maybe hangs: replace it. A supervisor that has the run sees us
-            # hang up and kills it.
-            if self._process is process:
-                self._stop()
-            if isinstance(e, asyncio.TimeoutError):
-                raise SandboxUnavailable(f"the sandbox did not answer within {timeout_s:g} s") from None
-            raise SandboxUnavailable(f"the sandbox fork server is gone: {e}") from e
+            process, log, reply = await asyncio.wait_for(self._exchange(ours, theirs, request), timeout_s)
+        except asyncio.TimeoutError:
+            # The server may be what hangs: replace it. A supervisor that has the run sees us hang
+            # up and kills it.
+            self.close()
+            raise SandboxUnavailable(f"the sandbox did not answer within {timeout_s:g} s") from None
         finally:
             ours.close()
             theirs.close()
@@ -106,13 +119,10 @@ class ForkServer:
             raise SandboxUnavailable(await _silence(process, log))
         return json.loads(reply)
 
-    async def _exchange(self, control: socket.socket, ours: socket.socket, theirs: socket.socket, request: bytes) -> bytes:
-        while True:
-            try:
-                socket.send_fds(control, [b"r"], [theirs.fileno()])
-                break
-            except BlockingIOError:
-                await asyncio.sleep(0.001)  # its queue is full; it takes a message in well under a millisecond
+    async def _exchange(
+        self, ours: socket.socket, theirs: socket.socket, request: bytes
+    ) -> tuple[subprocess.Popen, IO[bytes], bytes]:
+        process, log = await self._hand_over(theirs)
         theirs.close()
         loop = asyncio.get_running_loop()
         ours.setblocking(False)
@@ -123,15 +133,36 @@ class ForkServer:
             while chunk := await loop.sock_recv(ours, 65536):
                 chunks.append(chunk)
         except ConnectionError:
-            return b""  # closed unanswered
-        return b"".join(chunks)
+            return process, log, b""  # closed unanswered
+        return process, log, b"".join(chunks)
+
+    async def _hand_over(self, theirs: socket.socket) -> tuple[subprocess.Popen, IO[bytes]]:
+        """Pass the run's socket to the server, starting one if there is none or it is gone.
+        Nothing has run yet, so a server found dead costs a restart, not the run."""
+        restarted = False
+        while True:
+            if self._process is not None and self._process.poll() is not None:
+                self.close()
+            if self._process is None:
+                self._start()
+            try:
+                socket.send_fds(self._control, [b"r"], [theirs.fileno()])
+                return self._process, self._log
+            except BlockingIOError:
+                await asyncio.sleep(0.001)  # its queue is full; it takes a message in well under a millisecond
+            except OSError as e:
+                self.close()
+                if restarted:  # a new server that is gone at once will not do better the next time
+                    raise SandboxUnavailable(f"the sandbox fork server is gone: {e}") from e
+                restarted = True
 
     def _start(self) -> None:
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log = tempfile.TemporaryFile()
         try:
+            interpreter = self.interpreter or sandbox_interpreter()
             process = subprocess.Popen(
-                [self.interpreter, "-I", "-S", FORK_SERVER, str(theirs.fileno()), tempfile.gettempdir()],
+                [interpreter, "-I", "-S", FORK_SERVER, str(theirs.fileno()), tempfile.gettempdir()],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                 pass_fds=(theirs.fileno(),), cwd="/", env=SANDBOX_ENV,
                 start_new_session=True,  # out of reach of a Ctrl-C meant for us
@@ -144,13 +175,6 @@ class ForkServer:
             theirs.close()
         control.setblocking(False)
         self._process, self._control, self._log = process, control, log
-
-    def _stop(self) -> None:
-        self._process.kill()
-        self._process.wait()
-        self._control.close()
-        # The log stays open for as long as a run that is explaining its failure holds it.
-        self._process = self._control = self._log = None
 
 
 async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
@@ -166,16 +190,6 @@ async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
     size = os.fstat(log.fileno()).st_size
     lines = os.pread(log.fileno(), 4096, max(0, size - 4096)).decode("utf-8", "replace").strip().splitlines()
     return f"the sandbox fork server exited with code {process.returncode}" + (f": {lines[-1]}" if lines else "")
-
-
-_fork_servers: dict[str, ForkServer] = {}
-
-
-def _fork_server(interpreter: str) -> ForkServer:
-    """One per interpreter in this process: in a SandboxExecutor actor, the actor's own."""
-    if interpreter not in _fork_servers:
-        _fork_servers[interpreter] = ForkServer(interpreter)
-    return _fork_servers[interpreter]
 
 
 def _classify(report: dict, limits: Limits) -> tuple[Status, str, list[TestOutcome]]:

@@ -1,7 +1,9 @@
-"""The process sandbox through its real backend: every status, the isolation it promises, and the Ray pool."""
+"""The process sandbox through its real backend: every status, the isolation it promises, the fork
+server's concurrency and recovery, and the Ray pool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import tempfile
@@ -13,7 +15,17 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, SandboxExecutor, SandboxPool, Status, execute
+from sandbox_pool import (
+    ExecutionRequest,
+    ExecutionResult,
+    ForkServer,
+    Limits,
+    SandboxExecutor,
+    SandboxPool,
+    Status,
+    execute,
+)
+from sandbox_pool.process_backend import FORK_SERVER
 
 SANDBOX_UID = 65534
 
@@ -122,6 +134,15 @@ def test_infra_error_when_the_interpreter_is_missing():
     assert result.status is Status.infra_error
     assert "/nonexistent/bin/python3" in result.detail
     assert result.num_tests == 1 and result.fraction_passed == 0.0
+
+
+def test_infra_error_when_the_fork_server_cannot_start():
+    request = ExecutionRequest(program="x = 1", tests=["assert x == 1"])
+    # Each run finds the server dead and starts it again; none waits for an answer that never comes.
+    for _ in range(3):
+        result = asyncio.run(execute(request, interpreter="/bin/false"))
+        assert result.status is Status.infra_error
+        assert "fork server" in result.detail
 
 
 def test_prints_do_not_fool_the_result():
@@ -321,3 +342,138 @@ def test_executor_batch_keeps_order(ray_cluster):
         check_in_order(cases, ray_cluster.get(executor.execute_batch.remote([request for request, _ in cases])))
     finally:
         ray_cluster.kill(executor)
+
+
+def shared_dir() -> Path:
+    """A folder the sandbox user may write in, to coordinate with the test (or other programs)."""
+    path = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
+    path.chmod(0o777)
+    return path
+
+
+def test_runs_of_one_fork_server_run_at_the_same_time():
+    # Each program waits until all have started: they pass only if they all run at once.
+    count = 6
+    meeting = shared_dir()
+    program = textwrap.dedent(
+        f"""
+        import os, time
+        def meet(me):
+            open(os.path.join({str(meeting)!r}, str(me)), "w").close()
+            deadline = time.monotonic() + 30
+            while len(os.listdir({str(meeting)!r})) < {count} and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return len(os.listdir({str(meeting)!r})) == {count}
+        """
+    )
+    requests = [
+        ExecutionRequest(program=program, tests=[f"assert meet({i})"], limits=Limits(wall_timeout_s=60))
+        for i in range(count)
+    ]
+
+    async def run_all() -> list[ExecutionResult]:
+        server = ForkServer()
+        try:
+            return list(await asyncio.gather(*(server.execute(request) for request in requests)))
+        finally:
+            server.close()
+
+    try:
+        results = asyncio.run(run_all())
+    finally:
+        for path in meeting.iterdir():
+            path.unlink()
+        meeting.rmdir()
+    assert [r.status for r in results] == [Status.passed] * count, [r.detail for r in results]
+
+
+def fork_servers_of_this_process() -> set[int]:
+    found = set()
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):  # it may end while we look
+            if p.status() != psutil.STATUS_ZOMBIE and FORK_SERVER in p.cmdline():
+                found.add(p.pid)
+    return found
+
+
+def test_a_dead_fork_server_is_replaced_and_its_forked_runs_still_answer():
+    folder = shared_dir()
+    started, go = folder / "started", folder / "go"
+    program = f"""
+        import os, time
+        def wait_for_go():
+            open({str(started)!r}, "w").close()
+            deadline = time.monotonic() + 30
+            while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return os.path.exists({str(go)!r})
+        """
+    waiting = ExecutionRequest(
+        program=textwrap.dedent(program), tests=["assert wait_for_go()"], limits=Limits(wall_timeout_s=60)
+    )
+    simple = ExecutionRequest(program="def f():\n    return 1\n", tests=["assert f() == 1"])
+
+    async def scenario() -> tuple[ExecutionResult, ExecutionResult, int, set[int]]:
+        server = ForkServer()
+        before = fork_servers_of_this_process()
+        try:
+            first = asyncio.create_task(server.execute(waiting))
+            for _ in range(600):
+                if started.exists() or first.done():
+                    break
+                await asyncio.sleep(0.05)
+            (killed,) = fork_servers_of_this_process() - before
+            psutil.Process(killed).kill()
+            while psutil.Process(killed).status() != psutil.STATUS_ZOMBIE:  # let the server reap it
+                await asyncio.sleep(0.01)
+            second = await server.execute(simple)  # on a new server
+            replacements = fork_servers_of_this_process() - before
+            go.touch()
+            return await first, second, killed, replacements
+        finally:
+            go.touch()
+            server.close()
+
+    try:
+        first, second, killed, replacements = asyncio.run(scenario())
+    finally:
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+    assert first.status is Status.passed, first.detail  # its supervisor did not need the server
+    assert second.status is Status.passed, second.detail
+    assert len(replacements) == 1 and killed not in replacements
+
+
+def test_hanging_up_kills_the_run():
+    marker = f"sleeper-{uuid.uuid4().hex}"
+    program = f"""
+        import subprocess, sys, time
+        def sleep_forever():
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {marker!r}])
+            time.sleep(600)
+        """
+    request = ExecutionRequest(
+        program=textwrap.dedent(program), tests=["sleep_forever()"], limits=Limits(wall_timeout_s=600, cpu_time_s=600)
+    )
+
+    async def cancel_while_running() -> tuple[int, list[psutil.Process]]:
+        task = asyncio.create_task(execute(request))
+        seen = 0
+        for _ in range(600):
+            seen = len(processes_with_argument(marker))
+            if seen or task.done():
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()  # the caller gives up: the supervisor sees its socket close
+        left = processes_with_argument(marker)
+        for _ in range(200):
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+            left = processes_with_argument(marker)
+        return seen, left
+
+    seen, left = asyncio.run(cancel_while_running())
+    assert seen == 1, "the sleeper never showed up"
+    assert left == []

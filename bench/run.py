@@ -1,0 +1,8 @@
+"""`make bench`: every benchmark, each comparing an alternative side by side in one run."""
+from __future__ import annotations
+
+from bench import bench_rollout, bench_sandbox
+
+if __name__ == "__main__":
+    bench_sandbox.main()
+    bench_rollout.main()
