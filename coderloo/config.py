@@ -137,6 +137,21 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")
 
+    @model_validator(mode="after")
+    def _batches_split(self) -> "Config":
+        micro = self.learner.optimizer_steps * self.learner.grad_accum_steps
+        samples = self.train.prompts_per_step * self.rollout.samples_per_prompt
+        if samples < micro:
+            raise ValueError(
+                f"train.prompts_per_step x rollout.samples_per_prompt = {samples} samples cannot fill "
+                f"learner.optimizer_steps x learner.grad_accum_steps = {micro} micro-batches"
+            )
+        if self.sft.steps and self.sft.batch_size < self.learner.grad_accum_steps:
+            raise ValueError(
+                f"sft.batch_size={self.sft.batch_size} cannot fill learner.grad_accum_steps={self.learner.grad_accum_steps} micro-batches"
+            )
+        return self
+
 
 class ConfigError(ValueError):
     """An invalid config; the message names the field and the reason."""

@@ -68,7 +68,6 @@ class Learner:
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.sft_lr = sft_lr
-        self.updates = 0
         self.grad_norm: float | None = None
 
     def _set_lr(self, lr: float) -> None:
@@ -123,7 +122,6 @@ class Learner:
                 stats["loss"] = loss.item()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value / count
-            self._finish_step(len(chunks))
         totals["grad_norm"] = self.grad_norm
         totals["sampler_logprob_diff_mean"] = mismatch_sum / max(mismatch_tokens, 1.0)
         totals["sampler_logprob_diff_max"] = mismatch_max
@@ -133,7 +131,9 @@ class Learner:
         """One optimizer step of next-token loss on (prompt_ids, completion_ids) pairs."""
         self._set_lr(self.sft_lr or self.config.lr)
         self.engine.train()
-        chunks = micro_batches(examples, min(self.config.grad_accum_steps, len(examples)))
+        # micro_batches refuses fewer examples than micro-batches: DeepSpeed steps the optimizer only
+        # every grad_accum_steps micro-batches, and a short step would leak into the next one.
+        chunks = micro_batches(examples, self.config.grad_accum_steps)
         total = 0.0
         for chunk in chunks:
             seqs = [TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in chunk]
@@ -142,7 +142,6 @@ class Learner:
             self.engine.backward(loss)
             self._step()
             total += loss.item() / len(chunks)
-        self._finish_step(len(chunks))
         return {"sft_loss": total, "grad_norm": self.grad_norm}
 
     def _step(self) -> None:
@@ -157,23 +156,6 @@ class Learner:
             self.grad_norm = float(reported) if reported is not None else own
         else:
             self.engine.step()
-
-    def _finish_step(self, micro_steps: int) -> None:
-        # DeepSpeed steps the optimizer every grad_accum_steps micro-batches: a step with fewer
-        # would silently carry its gradients into the next one.
-        if micro_steps != self.config.grad_accum_steps:
-            raise RuntimeError(
-                f"a step needs exactly grad_accum_steps={self.config.grad_accum_steps} micro-batches, got {micro_steps}"
-            )
-        self.updates += 1
-
-    def logprobs(self, sequences: list[TrainSequence]) -> list[list[float]]:
-        """The learner's logprobs of each completion token (for checks and mismatch monitoring)."""
-        self.engine.eval()
-        batch = pack(sequences, self.pad_id)
-        with torch.no_grad():
-            lp = self._logprobs(self.engine, batch)
-        return [lp[i][batch.completion_mask[i].bool()].tolist() for i in range(len(sequences))]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return publishable_state(self.engine.module)

@@ -32,6 +32,7 @@ def test_overrides_are_typed_and_nested():
         ("rollout.backend=tgi", "rollout.backend", "'vllm' or 'transformers'"),
         ("eval.k=[1,16]", "eval", "each k must be between 1 and samples_per_task=8"),
         ("tasks.train_set=mbpp", "tasks", "train_path is required"),
+        ("learner.grad_accum_steps=512", "config", "cannot fill learner.optimizer_steps x learner.grad_accum_steps = 1024"),
     ],
 )
 def test_invalid_field_is_named_with_its_reason(override, field, reason):
