@@ -66,7 +66,7 @@ class RolloutConfig(Section):
 
 
 class LearnerConfig(Section):
-    lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate of the RL phase.")
+    lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate of the RL phase.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Training precision.")
@@ -117,9 +117,9 @@ class EvalConfig(Section):
 
 
 class TrainConfig(Section):
-    steps: int = Field(default=60, ge=0, description="RL steps.")
+    steps: int = Field(default=150, ge=0, description="RL steps.")
     prompts_per_step: int = Field(default=32, ge=1, description="Prompts per RL step (each sampled k times).")
-    eval_every: int = Field(default=20, ge=0, description="Held-out evaluation every N RL steps (0: start and end only).")
+    eval_every: int = Field(default=25, ge=0, description="Held-out evaluation every N RL steps (0: start and end only).")
     checkpoint_every: int = Field(default=0, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
     output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
     seed: int = Field(default=0, description="Seed of task sampling.")

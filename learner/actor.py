@@ -1,6 +1,7 @@
 """The DeepSpeed learner: a Ray actor that owns the policy, its optimizer and the reference model."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -157,13 +158,23 @@ class Learner:
         else:
             self.engine.step()
 
+    def _whole_parameters(self):
+        """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights."""
+        if self.config.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
+        return contextlib.nullcontext()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return publishable_state(self.engine.module)
+        with self._whole_parameters():
+            return publishable_state(self.engine.module)
 
     def save(self, path: str) -> str:
         """Save the policy in Hugging Face format, loadable by `coderloo eval` and by vLLM."""
         Path(path).mkdir(parents=True, exist_ok=True)
-        self.engine.module.save_pretrained(path, safe_serialization=True)
+        with self._whole_parameters():
+            self.engine.module.save_pretrained(path, safe_serialization=True)
         # Copy the tokenizer files as they are: re-saving through a loaded class can change them.
         for name in os.listdir(self.model_path):
             if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
