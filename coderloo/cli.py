@@ -45,8 +45,8 @@ def cmd_eval(args) -> int:
         stop=config.rollout.stop, greedy=config.eval.greedy,
     )
     print(json.dumps({"model": model, "tasks": len(tasks), **result}, indent=2))
+    ray.kill(workers[0])
     pool.shutdown()
-    ray.shutdown()
     return 0
 
 

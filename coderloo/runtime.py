@@ -16,6 +16,8 @@ ENV_DEFAULTS = {
     "DS_ACCELERATOR": "cpu",
     "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions"),
     "TOKENIZERS_PARALLELISM": "false",
+    # vLLM logs several lines per weight update; errors still show.
+    "VLLM_LOGGING_LEVEL": "ERROR",
 }
 
 

@@ -57,3 +57,14 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
     assert all({"pass@1", "pass@2", "greedy_pass@1"} <= set(r) for r in evals)
     assert (out / "training.png").stat().st_size > 0
     assert json.loads((out / "summary.json").read_text())["final"] == summary["final"]
+
+
+def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
+    from coderloo.cli import main
+
+    args = ["eval", "--model", str(tiny_model), "tasks.max_eval_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tasks"] == 4 and report["model"] == str(tiny_model)
+    assert {"pass@1", "pass@2", "greedy_pass@1"} <= set(report)
+    assert report["pass@1"] == 0.0  # an untrained model passes nothing
