@@ -35,7 +35,7 @@ def main() -> None:
     prompts = [t.prompt for t in synthetic_suite()["train"][:32]]
     params = GenerationParams(n=8, max_new_tokens=48, temperature=1.0)
     results = {backend: measure(backend, model, prompts, params) for backend in ("vllm", "transformers")}
-    print(f"generation, 32 prompts x 8 samples x up to 48 tokens (random tiny model)")
+    print("generation, 32 prompts x 8 samples x up to 48 tokens (random tiny model)")
     for backend, (sps, tps) in results.items():
         print(f"  {backend:13s} {sps:8.1f} samples/s {tps:9.0f} tokens/s")
     print(f"  vllm / transformers: {results['vllm'][1] / results['transformers'][1]:.1f}x tokens/s")

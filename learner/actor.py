@@ -11,7 +11,7 @@ import ray
 import torch
 
 from learner.batch import PackedBatch, TrainSequence, micro_batches, pack
-from learner.losses import masked_mean, policy_loss, sft_loss, token_logprobs
+from learner.losses import policy_loss, sft_loss, token_logprobs
 
 
 def _free_port() -> int:

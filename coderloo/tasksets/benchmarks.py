@@ -7,15 +7,13 @@ array) and why.
 from __future__ import annotations
 
 import ast
-import gzip
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
-from pydantic import ValidationError
 
-from coderloo.tasksets.task import Task, TaskFileError, load_jsonl
+from coderloo.tasksets.task import Record, Task, TaskFileError, build_tasks, jsonl_records, load_jsonl
 
 # The MBPP paper's prompt (Austin et al. 2021), without its few-shot [BEGIN]/[DONE] wrapping.
 MBPP_PROMPT = (
@@ -23,7 +21,6 @@ MBPP_PROMPT = (
     "Your code should pass these tests:\n\n{tests}\n"
 )
 
-Record = dict[str, Any]
 
 
 def mbpp_prompt(text: str, tests: list[str]) -> str:
@@ -105,9 +102,9 @@ def load_mbpp(path: str | Path) -> list[Task]:
     """mbpp.jsonl: the full MBPP (974 tasks). challenge_test_list is not used."""
     path = Path(path)
     fields = {"text": str, "code": str, "task_id": int, "test_setup_code": str, "test_list": list}
-    return _build_tasks(
+    return build_tasks(
         path,
-        _jsonl_records(path),
+        jsonl_records(path),
         fields,
         lambda r: _mbpp_task(r, "mbpp", "mbpp", r["text"], _lf(r["test_setup_code"])),
     )
@@ -117,7 +114,7 @@ def load_sanitized_mbpp(path: str | Path) -> list[Task]:
     """sanitized-mbpp.json: the hand-verified MBPP subset (427 tasks); test_imports become test_setup."""
     path = Path(path)
     fields = {"prompt": str, "code": str, "task_id": int, "test_imports": list, "test_list": list}
-    return _build_tasks(
+    return build_tasks(
         path,
         _json_array_records(path),
         fields,
@@ -143,7 +140,7 @@ def load_humaneval(path: str | Path) -> list[Task]:
     """HumanEval.jsonl.gz (or an uncompressed .jsonl): 164 tasks, all in the test split."""
     path = Path(path)
     fields = {"task_id": str, "prompt": str, "entry_point": str, "canonical_solution": str, "test": str}
-    return _build_tasks(path, _jsonl_records(path), fields, _humaneval_task)
+    return build_tasks(path, jsonl_records(path), fields, _humaneval_task)
 
 
 LOADERS: dict[str, Callable[[str | Path], list[Task]]] = {
@@ -163,23 +160,6 @@ def load_task_set(name: str, path: str | Path) -> list[Task]:
     return loader(path)
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
-    """(location, record) for each non-blank line of a JSONL file, gzip-compressed when it ends in .gz."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TaskFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-                yield f"{path}:{lineno}", record
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise TaskFileError(f"{path}: not a complete gzip file: {e}") from None
-
-
 def _json_array_records(path: Path) -> Iterator[tuple[str, Any]]:
     """(location, record) for each element of a file holding one JSON array.
 
@@ -194,42 +174,3 @@ def _json_array_records(path: Path) -> Iterator[tuple[str, Any]]:
         raise TaskFileError(f"{path}:1: expected a JSON array of task records, got {type(records).__name__}")
     for index, record in enumerate(records):
         yield f"{path}: record {index}", record
-
-
-def _build_tasks(
-    path: Path,
-    records: Iterable[tuple[str, Any]],
-    fields: dict[str, type],
-    make_task: Callable[[Record], Task],
-) -> list[Task]:
-    """Check each record's fields (a `list` field must hold strings), build its Task, reject duplicates."""
-    tasks: list[Task] = []
-    seen: dict[str, str] = {}
-    for where, record in records:
-        if not isinstance(record, dict):
-            raise TaskFileError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        for name, kind in fields.items():
-            if name not in record:
-                raise TaskFileError(f"{where}: missing field {name!r}")
-            value = record[name]
-            if not isinstance(value, kind) or isinstance(value, bool) or (
-                kind is list and not all(isinstance(item, str) for item in value)
-            ):
-                expected = "a list of strings" if kind is list else kind.__name__
-                raise TaskFileError(f"{where}: field {name!r} should be {expected}, got {value!r:.80}")
-        try:
-            task = make_task(record)
-        except ValidationError as e:
-            reasons = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in e.errors()
-            )
-            raise TaskFileError(f"{where}: invalid task: {reasons}") from None
-        except ValueError as e:
-            raise TaskFileError(f"{where}: {e}") from None
-        if task.id in seen:
-            raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first at {seen[task.id]})")
-        seen[task.id] = where
-        tasks.append(task)
-    if not tasks:
-        raise TaskFileError(f"{path}: no tasks in file")
-    return tasks

@@ -1,9 +1,10 @@
 """The one task format every task set is converted to, and its JSONL file form."""
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,36 +35,74 @@ class Task(BaseModel):
         return self.prompt + code if self.prompt_is_code else code
 
 
+Record = dict[str, Any]
+
+
 class TaskFileError(ValueError):
     """A task file that cannot be read; the message names the file, the line and the reason."""
 
 
-def load_jsonl(path: str | Path) -> list[Task]:
-    path = Path(path)
+def jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each non-blank line of a JSONL file, gzip-compressed when it ends in .gz."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TaskFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+                yield f"{path}:{lineno}", record
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise TaskFileError(f"{path}: not a complete gzip file: {e}") from None
+
+
+
+def build_tasks(
+    path: Path,
+    records: Iterable[tuple[str, Any]],
+    fields: dict[str, type],
+    make_task: Callable[[Record], Task],
+) -> list[Task]:
+    """Check each record's fields (a `list` field must hold strings), build its Task, reject duplicates."""
     tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-            try:
-                task = Task.model_validate(record)
-            except ValidationError as e:
-                reasons = "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in e.errors()
-                )
-                raise TaskFileError(f"{path}:{lineno}: invalid task: {reasons}") from None
-            if task.id in seen:
-                raise TaskFileError(f"{path}:{lineno}: duplicate task id {task.id!r} (first on line {seen[task.id]})")
-            seen[task.id] = lineno
-            tasks.append(task)
+    seen: dict[str, str] = {}
+    for where, record in records:
+        if not isinstance(record, dict):
+            raise TaskFileError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        for name, kind in fields.items():
+            if name not in record:
+                raise TaskFileError(f"{where}: missing field {name!r}")
+            value = record[name]
+            if not isinstance(value, kind) or isinstance(value, bool) or (
+                kind is list and not all(isinstance(item, str) for item in value)
+            ):
+                expected = "a list of strings" if kind is list else kind.__name__
+                raise TaskFileError(f"{where}: field {name!r} should be {expected}, got {value!r:.80}")
+        try:
+            task = make_task(record)
+        except ValidationError as e:
+            reasons = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in e.errors()
+            )
+            raise TaskFileError(f"{where}: invalid task: {reasons}") from None
+        except ValueError as e:
+            raise TaskFileError(f"{where}: {e}") from None
+        if task.id in seen:
+            raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first at {seen[task.id]})")
+        seen[task.id] = where
+        tasks.append(task)
     if not tasks:
         raise TaskFileError(f"{path}: no tasks in file")
     return tasks
+
+
+def load_jsonl(path: str | Path) -> list[Task]:
+    """Tasks from a JSONL file in the one task format (gzip-compressed when it ends in .gz)."""
+    path = Path(path)
+    return build_tasks(path, jsonl_records(path), {}, Task.model_validate)
 
 
 def save_jsonl(tasks: Iterable[Task], path: str | Path) -> None:
