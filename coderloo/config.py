@@ -120,7 +120,7 @@ class TrainConfig(Section):
     steps: int = Field(default=150, ge=0, description="RL steps.")
     prompts_per_step: int = Field(default=32, ge=1, description="Prompts per RL step (each sampled k times).")
     eval_every: int = Field(default=25, ge=0, description="Held-out evaluation every N RL steps (0: start and end only).")
-    checkpoint_every: int = Field(default=0, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
+    checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
     output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
     seed: int = Field(default=0, description="Seed of task sampling.")
 
