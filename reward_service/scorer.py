@@ -1,13 +1,16 @@
-"""Turning completions into rewards: extract the program, check syntax, run the tests in the pool."""
+"""Turning completions into rewards: extract the program, check syntax and lint, run the tests in
+the pool, time it against the reference, weigh the components."""
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import ray
 
 from coderloo.tasksets.task import Task
-from reward_service.extract import extract_code
+from reward_service.extract import Extraction, extract
+from reward_service.lint import Diagnostic, ruff_check, syntax_error
+from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, SandboxPool, Status
 
 
@@ -22,34 +25,64 @@ class Reward:
     functionality: float  # fraction of the tests passed
     passed: bool  # every test passed
     status: Status
+    lint: float | None = None  # penalty in [0, 1] (subtracted, weighted); None when lint is off
+    performance: float | None = None  # reference run time / this run time, capped at 1; None when off or unknown
+    extraction: Extraction | None = None
+    syntax_error: Diagnostic | None = None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What is known of a completion before it runs."""
+
+    extraction: Extraction
+    program: str
+    syntax_error: Diagnostic | None
 
 
 def compiles(program: str) -> bool:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a model's odd literals are not the trainer's warnings
-            compile(program, "<completion>", "exec")  # parses and compiles; executes nothing
-        return True
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
+    return syntax_error(program) is None
+
+
+def analyse(task: Task, completion: str) -> Analysis:
+    extraction = extract(completion, task.prompt_is_code, task.entry_point)
+    program = task.program(extraction.code)
+    return Analysis(extraction, program, syntax_error(program))
 
 
 class RewardScorer:
-    def __init__(self, pool: SandboxPool, limits: Limits, syntax_weight: float, functionality_weight: float):
+    """`RewardScorer(pool, limits, weights=RewardWeights(...))`; the positional syntax and
+    functionality weights are the controller's older form of the same thing."""
+
+    def __init__(
+        self,
+        pool: SandboxPool,
+        limits: Limits,
+        syntax_weight: float | None = None,
+        functionality_weight: float | None = None,
+        *,
+        weights: RewardWeights | None = None,
+    ):
+        if weights is None:
+            weights = RewardWeights(syntax=syntax_weight, functionality=functionality_weight)
+        elif syntax_weight is not None or functionality_weight is not None:
+            raise TypeError("give either weights or syntax_weight/functionality_weight, not both")
         self.pool = pool
         self.limits = limits
-        self.syntax_weight = syntax_weight
-        self.functionality_weight = functionality_weight
+        self.weights = weights
+        self._reference_s: dict[str, float] = {}  # task id -> run time of its passing reference solution
+        # Ruff runs as a subprocess per program; threads overlap them with each other and with the pool.
+        self._lint_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ruff")
 
-    def submit(self, tasks: list[Task], completions: list[str]) -> list[ray.ObjectRef]:
-        """Start executing each (task, completion) pair; returns one future per pair.
+    def submit(self, tasks: list[Task], programs: list[str]) -> list[ray.ObjectRef]:
+        """Start executing each (task, program) pair; returns one future per pair.
 
         Identical programs of one task run once: a sharpening policy repeats itself often.
         """
         unique: dict[tuple[str, str], int] = {}
         requests, index = [], []
-        for task, text in zip(tasks, completions, strict=True):
-            program = task.program(extract_code(text, task.prompt_is_code))
+        for task, program in zip(tasks, programs, strict=True):
             key = (task.id, program)
             if key not in unique:
                 unique[key] = len(requests)
@@ -60,19 +93,66 @@ class RewardScorer:
         refs = self.pool.submit(requests)
         return [refs[i] for i in index]
 
-    def reward(self, task: Task, completion: str, result: ExecutionResult) -> Reward:
-        syntax = 1.0 if compiles(task.program(extract_code(completion, task.prompt_is_code))) else 0.0
+    def _lint(self, analyses: list[Analysis]) -> list[list[Diagnostic] | None]:
+        if self.weights.lint == 0:
+            return [None] * len(analyses)
+        unique = list(dict.fromkeys(a.program for a in analyses if a.syntax_error is None))
+        found = dict(zip(unique, self._lint_threads.map(lambda p: ruff_check(p, self.weights.lint_rules), unique)))
+        # A program that does not parse gets no lint rules (Ruff reports only its syntax error).
+        return [found.get(a.program, []) for a in analyses]
+
+    def _time_references(self, tasks: list[Task]) -> list[tuple[str, ray.ObjectRef]]:
+        """Start running the reference solution of each task not timed yet (once per task)."""
+        if self.weights.performance == 0:
+            return []
+        todo = list({t.id: t for t in tasks if t.id not in self._reference_s}.values())
+        requests = [
+            ExecutionRequest(program=t.reference, tests=t.tests, test_setup=t.test_setup, limits=self.limits) for t in todo
+        ]
+        return list(zip([t.id for t in todo], self.pool.submit(requests)))
+
+    def performance(self, task: Task, result: ExecutionResult) -> float | None:
+        """Only a passing program is timed against the reference: fast wrong code earns nothing."""
+        reference = self._reference_s.get(task.id)
+        if self.weights.performance == 0 or reference is None:
+            return None
+        if result.status != Status.passed:
+            return 0.0
+        return min(1.0, reference / max(result.duration_s, 1e-6))
+
+    def reward(
+        self, analysis: Analysis, result: ExecutionResult, diagnostics: list[Diagnostic] | None,
+        performance: float | None = None,
+    ) -> Reward:
+        w = self.weights
+        syntax = 0.0 if analysis.syntax_error else 1.0
         functionality = result.fraction_passed
-        total = self.syntax_weight * syntax + self.functionality_weight * functionality
-        return Reward(total, syntax, functionality, result.status == Status.passed, result.status)
+        lint = None if diagnostics is None else min(len(diagnostics), w.lint_saturation) / w.lint_saturation
+        total = (
+            w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0)
+            + w.performance * (performance or 0.0)
+        )
+        return Reward(
+            total, syntax, functionality, result.status == Status.passed, result.status,
+            lint, performance, analysis.extraction, analysis.syntax_error, diagnostics or [],
+        )
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[Reward]:
         """Rewards of each pair. A sandbox failure is retried once, then raised: scoring a broken
         sandbox's results as failed programs would silently train the policy on noise."""
-        results = ray.get(self.submit(tasks, completions))
+        analyses = [analyse(t, c) for t, c in zip(tasks, completions, strict=True)]
+        programs = [a.program for a in analyses]
+        refs = self.submit(tasks, programs)
+        references = self._time_references(tasks)
+        diagnostics = self._lint(analyses)  # while the pool runs the programs
+        results = ray.get(refs)
+        for task_id, ref in references:
+            timed = ray.get(ref)
+            if timed.status == Status.passed:  # a reference that fails its own tests gives no yardstick
+                self._reference_s[task_id] = timed.duration_s
         broken = [i for i, r in enumerate(results) if r.status == Status.infra_error]
         if broken:
-            retried = ray.get(self.submit([tasks[i] for i in broken], [completions[i] for i in broken]))
+            retried = ray.get(self.submit([tasks[i] for i in broken], [programs[i] for i in broken]))
             for i, result in zip(broken, retried):
                 results[i] = result
             still = [i for i in broken if results[i].status == Status.infra_error]
@@ -81,4 +161,7 @@ class RewardScorer:
                     f"{len(still)} of {len(results)} programs hit a sandbox failure twice; "
                     f"first: task {tasks[still[0]].id}: {results[still[0]].detail}"
                 )
-        return [self.reward(t, c, r) for t, c, r in zip(tasks, completions, results)]
+        return [
+            self.reward(a, r, d, self.performance(t, r))
+            for t, a, r, d in zip(tasks, analyses, results, diagnostics)
+        ]

@@ -63,3 +63,42 @@ def test_sandbox_failure_is_retried_then_raised(ray_cluster):
     scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.infra_error]), Limits(), 0.1, 1.0)
     with pytest.raises(SandboxInfraError, match="1 of 1 programs hit a sandbox failure twice"):
         scorer.score([TASK], ["    return 0\n"])
+
+
+def test_weights_model_and_lint_component(ray_cluster):
+    """Lint runs the real Ruff; its penalty is weighted, saturates, and is reported on its own."""
+    from reward_service.weights import RewardWeights
+
+    weights = RewardWeights(syntax=0.1, functionality=1.0, lint=0.5, lint_saturation=2)
+    scorer = RewardScorer(ScriptedPool([Status.passed, Status.passed, Status.failed]), Limits(), weights=weights)
+    clean = "    return x + 1\n"
+    one = "    import os\n    return x + 1\n"  # F401
+    bad = "    return (\n"  # a syntax error: no lint rules, lint 0
+    rewards = scorer.score([TASK, TASK, TASK], [clean, one, bad])
+    assert [r.lint for r in rewards] == [0.0, 0.5, 0.0]
+    assert [d.code for d in rewards[1].diagnostics] == ["F401"]
+    assert rewards[1].total == pytest.approx(0.1 + 1.0 - 0.5 * 0.5)
+    assert rewards[2].syntax_error is not None and rewards[2].syntax == 0.0
+    # lint off by default: not run, not reported
+    default = RewardScorer(ScriptedPool([Status.passed]), Limits(), 0.1, 1.0)
+    assert default.weights == RewardWeights() and default.score([TASK], [one])[0].lint is None
+
+
+def test_security_rules_and_saturation():
+    from reward_service.lint import ruff_check, syntax_error
+
+    found = ruff_check("import os\nimport pickle\ndef f(s):\n    return eval(s), pickle.loads(s)\n", ["E4", "E7", "E9", "F", "S"])
+    assert sorted(d.code for d in found) == ["F401", "S301", "S307"]
+    s307 = next(d for d in found if d.code == "S307")
+    assert (s307.row, s307.column, s307.end_row, s307.end_column) == (4, 12, 4, 19)
+    err = syntax_error("def f(:\n    pass\n")
+    assert (err.row, err.column) == (1, 7)
+
+
+def test_weights_need_a_positive_weight():
+    from pydantic import ValidationError
+
+    from reward_service.weights import RewardWeights
+
+    with pytest.raises(ValidationError):
+        RewardWeights(syntax=0.0, functionality=0.0)

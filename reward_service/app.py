@@ -1,0 +1,155 @@
+"""The reward service as a Ray Serve application: FastAPI over HTTP, and `score` for a
+DeploymentHandle (the controller's path, no HTTP).
+
+    handle = serve.run(build_app(ServiceConfig()), name="rewards", route_prefix="/")
+    response = handle.score.remote(RewardRequest(items=[...])).result()
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from ray import serve
+
+from coderloo.tasksets.synthetic import synthetic_suite
+from coderloo.tasksets.task import Task, load_jsonl
+from reward_service.attribution import token_rewards
+from reward_service.schemas import (
+    Components,
+    Diagnostic,
+    ItemReward,
+    RewardRequest,
+    RewardResponse,
+    ServiceConfig,
+)
+from reward_service.scorer import RewardScorer, SandboxInfraError
+from sandbox_pool import SandboxPool
+
+app = FastAPI(title="coderloo reward service", version="1")
+
+
+@app.middleware("http")
+async def limit_body_size(request: Request, call_next):
+    """413 before parsing: a huge body must not reach the JSON parser (or the replica's memory)."""
+    limit = getattr(request.app.state, "max_body_bytes", ServiceConfig().max_body_bytes)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)
+    if request.method == "POST" and declared is None and len(await request.body()) > limit:  # chunked upload
+        return JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)
+    return await call_next(request)
+
+
+class Metrics:
+    """Prometheus metrics of one replica (GET /metrics answers for the replica that serves it)."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("reward_requests", "Scoring requests", ["path", "code"], registry=self.registry)
+        self.latency = Histogram(
+            "reward_request_seconds", "Latency of scoring requests", ["path"], registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.outcomes = Counter("reward_item_outcomes", "Scored items by sandbox status", ["status"], registry=self.registry)
+
+
+@serve.deployment
+@serve.ingress(app)
+class RewardService:
+    def __init__(self, config: ServiceConfig):
+        self.config = config
+        app.state.max_body_bytes = config.max_body_bytes
+        self.tasks: dict[str, Task] = {}
+        if config.synthetic_tasks:
+            self.tasks.update((t.id, t) for split in synthetic_suite().values() for t in split)
+        for path in config.task_files:
+            self.tasks.update((t.id, t) for t in load_jsonl(path))
+        self.tokenizer = None
+        if config.tokenizer_path:
+            from coderloo.models import load_tokenizer
+
+            self.tokenizer = load_tokenizer(config.tokenizer_path)
+        self.pool = SandboxPool(config.num_executors, config.concurrency_per_executor)
+        self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights)
+        self.metrics = Metrics()
+
+    def _resolve(self, request: RewardRequest) -> list[Task]:
+        """Each item's task; a bad request raises HTTPException (4xx) before anything runs."""
+        if len(request.items) > self.config.max_batch:
+            raise HTTPException(413, f"batch of {len(request.items)} items is over the limit of {self.config.max_batch}")
+        tasks = []
+        for i, item in enumerate(request.items):
+            task = item.task or self.tasks.get(item.task_id)
+            if task is None:
+                raise HTTPException(404, f"items[{i}]: unknown task id {item.task_id!r}")
+            if item.completion_token_ids is not None and self.tokenizer is None:
+                raise HTTPException(422, f"items[{i}]: completion_token_ids given, but the service has no tokenizer")
+            tasks.append(task)
+        return tasks
+
+    def _score(self, request: RewardRequest, tasks: list[Task]) -> RewardResponse:
+        rewards = self.scorer.score(tasks, [item.completion for item in request.items])
+        items = []
+        for task, item, r in zip(tasks, request.items, rewards):
+            dense = None
+            if item.completion_token_ids is not None:
+                dense = token_rewards(task, item.completion, r, item.completion_token_ids, self.tokenizer, self.config.weights)
+            problems = ([r.syntax_error] if r.syntax_error else []) + r.diagnostics
+            items.append(ItemReward(
+                components=Components(syntax=r.syntax, functionality=r.functionality, lint=r.lint, performance=r.performance),
+                total=r.total, passed=r.passed, status=r.status,
+                diagnostics=[Diagnostic(code=d.code, message=d.message, row=d.row, column=d.column) for d in problems],
+                token_rewards=dense,
+            ))
+            self.metrics.outcomes.labels(r.status.value).inc()
+        return RewardResponse(items=items)
+
+    async def score(self, request: RewardRequest) -> RewardResponse:
+        """Score a batch (the handle's entry point). Scoring blocks on the pool: it runs in a thread
+        so the replica keeps answering health checks and other requests meanwhile."""
+        return await asyncio.to_thread(self._score, request, self._resolve(request))
+
+    @app.post("/v1/rewards", response_model=RewardResponse)
+    async def rewards(self, request: RewardRequest) -> RewardResponse:
+        start, code = time.perf_counter(), 200
+        try:
+            return await self.score(request)
+        except HTTPException as e:
+            code = e.status_code
+            raise
+        except SandboxInfraError as e:
+            code = 503
+            raise HTTPException(503, str(e)) from None
+        finally:
+            self.metrics.requests.labels("/v1/rewards", str(code)).inc()
+            self.metrics.latency.labels("/v1/rewards").observe(time.perf_counter() - start)
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus(self) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def deployment_options(config: ServiceConfig) -> dict:
+    """Serve options of the deployment: replicas autoscale on requests in flight per replica."""
+    return {
+        "autoscaling_config": config.autoscaling.model_dump(),
+        "ray_actor_options": {"num_cpus": config.replica_cpus},
+    }
+
+
+def build_app(config: ServiceConfig):
+    """The Serve application, with its replicas and autoscaling from the config."""
+    return RewardService.options(**deployment_options(config)).bind(config)

@@ -1,0 +1,74 @@
+"""Per-token (dense) rewards: each part of a reward goes to the completion tokens that earned it.
+
+The outcome of the tests (and the syntax and performance terms) is spread evenly over the tokens of the code; a
+lint diagnostic's penalty, and a syntax error's, fall on the tokens that wrote the offending
+characters. Tokens outside the code (prose, fences) get zero. Apart from a syntax error (whose
+-syntax weight the scalar total expresses as a missing +syntax weight), the values sum to the total.
+"""
+from __future__ import annotations
+
+from coderloo.tasksets.task import Task
+from reward_service.lint import Diagnostic
+from reward_service.scorer import Reward
+from reward_service.weights import RewardWeights
+
+
+def token_end_offsets(token_ids: list[int], tokenizer) -> list[int]:
+    """The end of each token in the decoded completion, in characters.
+
+    Prefix decoding rather than re-tokenizing with offsets: the sampler's ids need not be the ids
+    the tokenizer would give the text. A token that ends inside a multi-byte character decodes to
+    a replacement character; the running maximum keeps the ends in order.
+    """
+    ends, last = [], 0
+    for i in range(1, len(token_ids) + 1):
+        last = max(last, len(tokenizer.decode(token_ids[:i], skip_special_tokens=True)))
+        ends.append(last)
+    return ends
+
+
+def _completion_span(diag: Diagnostic, program: str, code_offset: int, code_start: int) -> tuple[int, int]:
+    """The characters of the completion a program diagnostic covers (at least one character)."""
+    line_starts = [0]
+    for line in program.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+
+    def offset(row: int, column: int) -> int:
+        return line_starts[min(row, len(line_starts)) - 1] + column - 1 - code_offset + code_start
+
+    start, end = offset(diag.row, diag.column), offset(diag.end_row, diag.end_column)
+    return start, max(end, start + 1)
+
+
+def token_rewards(
+    task: Task, completion: str, reward: Reward, token_ids: list[int], tokenizer, weights: RewardWeights
+) -> list[float]:
+    """One reward per completion token, aligned with `token_ids`."""
+    ends = token_end_offsets(token_ids, tokenizer)
+    spans = list(zip([0] + ends[:-1], ends))
+    ex = reward.extraction
+    code_tokens = [i for i, (s, e) in enumerate(spans) if e > s and s < ex.end and e > ex.start]
+    out = [0.0] * len(token_ids)
+    if not code_tokens:
+        return out
+    shared = (
+        weights.syntax * reward.syntax + weights.functionality * reward.functionality
+        + weights.performance * (reward.performance or 0.0)
+    ) / len(code_tokens)
+    for i in code_tokens:
+        out[i] = shared
+
+    program = task.program(ex.code)
+    code_offset = len(task.prompt) if task.prompt_is_code else 0
+    penalties = [(reward.syntax_error, weights.syntax)] if reward.syntax_error else []
+    if reward.diagnostics:
+        each = weights.lint * (reward.lint or 0.0) / len(reward.diagnostics)
+        penalties += [(d, each) for d in reward.diagnostics]
+    for diag, penalty in penalties:
+        start, end = _completion_span(diag, program, code_offset, ex.start)
+        if end <= ex.start:
+            continue  # in the prompt: not the completion's doing
+        hit = [i for i in code_tokens if spans[i][0] < end and spans[i][1] > start] or [code_tokens[-1]]  # past the end: EOF
+        for i in hit:
+            out[i] -= penalty / len(hit)
+    return out

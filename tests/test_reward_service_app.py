@@ -1,0 +1,145 @@
+"""The reward service over real HTTP on 127.0.0.1 and through a DeploymentHandle: real Serve, real
+sandbox pool, real Ruff."""
+import json
+import socket
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from coderloo.tasksets.synthetic import synthetic_suite
+from reward_service.schemas import AutoscalingSettings, RewardItem, RewardRequest, ServiceConfig
+from reward_service.weights import RewardWeights
+
+TASK = synthetic_suite()["train"][0]
+RIGHT = TASK.reference[len(TASK.prompt):]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster, tiny_model):
+    from ray import serve
+
+    from reward_service.app import build_app
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    config = ServiceConfig(
+        weights=RewardWeights(lint=0.2), tokenizer_path=str(tiny_model), max_batch=8, max_body_bytes=64 * 1024,
+        autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=2, target_ongoing_requests=4),
+    )
+    handle = serve.run(build_app(config), name="rewards", route_prefix="/")
+    yield handle, f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+def post(url, body, **kw):
+    return requests.post(f"{url}/v1/rewards", data=body, headers={"content-type": "application/json"}, timeout=60, **kw)
+
+
+def test_scores_over_http_with_token_rewards(service, tiny_model):
+    from coderloo.models import load_tokenizer
+
+    _, url = service
+    ids = load_tokenizer(tiny_model)(RIGHT, add_special_tokens=False)["input_ids"]
+    body = {"items": [
+        {"task_id": TASK.id, "completion": RIGHT, "completion_token_ids": ids},
+        {"task": TASK.model_dump(), "completion": "    import os\n    return x\n"},
+    ]}
+    r = post(url, json.dumps(body))
+    assert r.status_code == 200, r.text
+    right, wrong = r.json()["items"]
+    assert right["passed"] and right["status"] == "passed" and right["total"] == pytest.approx(1.1)
+    assert right["components"] == {"syntax": 1.0, "functionality": 1.0, "lint": 0.0, "performance": None}
+    assert len(right["token_rewards"]) == len(ids) and sum(right["token_rewards"]) == pytest.approx(1.1)
+    assert not wrong["passed"] and wrong["components"]["lint"] == 0.2 and wrong["token_rewards"] is None
+    assert [d["code"] for d in wrong["diagnostics"]] == ["F401"]
+
+
+def test_handle_without_http(service):
+    handle, _ = service
+    request = RewardRequest(items=[RewardItem(task=TASK, completion=RIGHT)])
+    response = handle.score.remote(request).result()
+    assert response.items[0].passed
+
+
+def test_healthz_metrics_openapi(service):
+    _, url = service
+    assert requests.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
+    assert "/v1/rewards" in requests.get(f"{url}/openapi.json", timeout=10).json()["paths"]
+    post(url, json.dumps({"items": [{"task_id": TASK.id, "completion": RIGHT}]}))
+    metrics = requests.get(f"{url}/metrics", timeout=10).text
+    assert 'reward_requests_total{code="200",path="/v1/rewards"}' in metrics
+    assert 'reward_item_outcomes_total{status="passed"}' in metrics and "reward_request_seconds_bucket" in metrics
+
+
+@pytest.mark.parametrize("body, code", [
+    (b'{"items": [', 422),  # malformed JSON
+    (b'{"items": [{"task_id": "x"}]}', 422),  # missing completion
+    (b'{"items": [{"task_id": 3, "completion": 5}]}', 422),  # wrong types
+    (b'{"items": [{"completion": "x"}]}', 422),  # neither task nor task_id
+    (b'{"items": []}', 422),  # empty batch
+    (b'{"items": [{"task_id": "a", "completion": "\xff\xfe"}]}', 400),  # invalid UTF-8
+])
+def test_bad_input_is_a_clear_4xx(service, body, code):
+    _, url = service
+    r = post(url, body)
+    assert r.status_code == code, r.text
+
+
+def test_unknown_task_id_is_named(service):
+    _, url = service
+    r = post(url, json.dumps({"items": [{"task_id": "no/such/task", "completion": "x"}]}))
+    assert r.status_code == 404 and "no/such/task" in r.text
+
+
+def test_size_and_batch_limits(service):
+    _, url = service
+    assert post(url, b'{"items": [' + b" " * 70_000 + b"]}").status_code == 413
+    chunked = iter([b'{"items": [', b" " * 70_000, b"]}"])  # no Content-Length: counted as it arrives
+    assert post(url, chunked).status_code == 413
+    batch = {"items": [{"task_id": TASK.id, "completion": "x"}] * 9}
+    r = post(url, json.dumps(batch))
+    assert r.status_code == 413 and "limit of 8" in r.text
+    assert requests.get(f"{url}/healthz", timeout=10).status_code == 200  # the replica is still up
+
+
+
+@pytest.fixture(scope="module")
+def openapi_schema(service):
+    _, url = service
+    return schemathesis.openapi.from_url(f"{url}/openapi.json")
+
+
+
+def test_fuzzed_requests_never_get_a_server_error(openapi_schema):
+    """Schemathesis generates requests from /openapi.json (valid and not); none may get a 5xx."""
+    for operation in openapi_schema.get_all_operations():
+
+        @given(operation.ok().as_strategy())
+        @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        def call(case):
+            response = case.call(timeout=30)
+            assert response.status_code < 500, (case.as_curl_command(), response.text)
+
+        call()
+
+
+def test_autoscaling_options_from_config():
+    from pydantic import ValidationError
+
+    from reward_service.app import deployment_options
+
+    config = ServiceConfig(autoscaling={"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 3}, replica_cpus=1)
+    assert deployment_options(config) == {
+        "autoscaling_config": {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 3.0},
+        "ray_actor_options": {"num_cpus": 1.0},
+    }
+    with pytest.raises(ValidationError, match="max_replicas"):
+        AutoscalingSettings(min_replicas=3, max_replicas=2)
