@@ -28,25 +28,25 @@ def cmd_eval(args) -> int:
     from coderloo.evaluation import evaluate
     from coderloo.runtime import init_ray
     from coderloo.tasksets.loading import load_tasks
-    from reward_service.scorer import RewardScorer
+    from reward_service.client import RewardClient
     from rollout_workers import RolloutWorker
-    from sandbox_pool import SandboxPool
 
     config = _config(args)
     _, tasks = load_tasks(config.tasks)
     init_ray(address=config.ray_address)
-    pool = SandboxPool(config.sandbox.num_executors, config.sandbox.concurrency_per_executor)
-    scorer = RewardScorer(pool, config.sandbox.limits, config.reward.syntax_weight, config.reward.functionality_weight)
+    rewards_service = RewardClient(config.reward)
     model = str(resolve(args.model or config.model.path))
     workers = [RolloutWorker.remote(model, config.rollout.backend, threads=config.rollout.threads)]
-    result = evaluate(
-        workers, scorer, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
-        temperature=config.eval.temperature, max_new_tokens=config.rollout.max_new_tokens,
-        stop=config.rollout.stop, greedy=config.eval.greedy,
-    )
+    try:
+        result = evaluate(
+            workers, rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
+            temperature=config.eval.temperature, max_new_tokens=config.rollout.max_new_tokens,
+            stop=config.rollout.stop, greedy=config.eval.greedy,
+        )
+    finally:
+        ray.kill(workers[0])
+        rewards_service.close()
     print(json.dumps({"model": model, "tasks": len(tasks), **result}, indent=2))
-    ray.kill(workers[0])
-    pool.shutdown()
     return 0
 
 

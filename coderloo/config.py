@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from coderloo.models import TinyModelSpec
-from sandbox_pool.results import Limits
+from reward_service.schemas import ServiceConfig
 
 
 class Section(BaseModel):
@@ -46,12 +46,6 @@ class TasksConfig(Section):
             if getattr(self, f"{name}_set") != "synthetic" and not getattr(self, f"{name}_path"):
                 raise ValueError(f"{name}_path is required when {name}_set is not 'synthetic'")
         return self
-
-
-class SandboxConfig(Section):
-    num_executors: int = Field(default=2, ge=1, description="Sandbox executor actors in the pool.")
-    concurrency_per_executor: int = Field(default=4, ge=1, description="Programs one executor runs at once.")
-    limits: Limits = Field(default_factory=Limits, description="Resource limits of each program run.")
 
 
 class RolloutConfig(Section):
@@ -89,19 +83,6 @@ class SFTConfig(Section):
     lr: float = Field(default=1e-3, gt=0, description="Learning rate of the SFT phase.")
 
 
-class RewardConfig(Section):
-    # A syntax weight near the functionality weight was measured to collapse a weak policy onto
-    # "compiles, passes nothing" (pass rate to 0 within 20 steps): keep it a small shaping term.
-    syntax_weight: float = Field(default=0.1, ge=0, description="Weight of the syntax component (program parses and compiles).")
-    functionality_weight: float = Field(default=1.0, ge=0, description="Weight of the functionality component (fraction of tests passed).")
-
-    @model_validator(mode="after")
-    def _some_weight(self) -> "RewardConfig":
-        if self.syntax_weight + self.functionality_weight <= 0:
-            raise ValueError("at least one reward weight must be positive")
-        return self
-
-
 class EvalConfig(Section):
     samples_per_task: int = Field(default=8, ge=1, description="n: samples per task for pass@k (unbiased estimator).")
     k: list[int] = Field(default_factory=lambda: [1, 4], description="The k of each reported pass@k (each <= samples_per_task).")
@@ -128,11 +109,13 @@ class TrainConfig(Section):
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
+    reward: ServiceConfig = Field(
+        default_factory=ServiceConfig,
+        description="The reward service: component weights, its sandbox pool and limits, replicas.",
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")

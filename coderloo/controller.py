@@ -23,9 +23,8 @@ from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from learner.actor import Learner
 from learner.advantages import rloo_advantages, whiten
 from learner.batch import TrainSequence
-from reward_service.scorer import RewardScorer
+from reward_service.client import RewardClient
 from rollout_workers import GenerationParams, RolloutWorker, generate, push_weights
-from sandbox_pool import SandboxPool
 
 
 def resolve(path: str) -> Path:
@@ -66,10 +65,7 @@ def train(config: Config) -> dict:
     model_path = prepare_model(config)
     tokenizer = load_tokenizer(model_path)
     init_ray(address=config.ray_address)
-    pool = SandboxPool(config.sandbox.num_executors, config.sandbox.concurrency_per_executor)
-    scorer = RewardScorer(
-        pool, config.sandbox.limits, config.reward.syntax_weight, config.reward.functionality_weight
-    )
+    rewards_service = RewardClient(config.reward)
     learner = Learner.remote(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr)
     workers = [
         RolloutWorker.remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
@@ -83,7 +79,7 @@ def train(config: Config) -> dict:
 
         def run_eval(stage: str, step: int) -> dict[str, float]:
             result = evaluate(
-                workers, scorer, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
+                workers, rewards_service, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
                 temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
                 greedy=config.eval.greedy,
             )
@@ -123,7 +119,7 @@ def train(config: Config) -> dict:
 
             # 2. rewards: every program runs against its tests in the sandbox pool
             flat = [(task, s) for task, r in zip(tasks, rollouts) for s in r.samples]
-            rewards = scorer.score([task for task, _ in flat], [s.text for _, s in flat])
+            rewards = rewards_service.score([task for task, _ in flat], [s.text for _, s in flat])
             t_score = time.time()
 
             # 3. RLOO advantages within each prompt's group of k
@@ -146,7 +142,7 @@ def train(config: Config) -> dict:
                 "version": version,
                 "reward_mean": float(reward_matrix.mean()),
                 "pass_rate": sum(r.passed for r in rewards) / len(rewards),
-                "syntax_rate": sum(r.syntax for r in rewards) / len(rewards),
+                "syntax_rate": sum(r.components.syntax for r in rewards) / len(rewards),
                 "completion_tokens_mean": sum(len(s.token_ids) for _, s in flat) / len(flat),
                 "samples_per_s": len(flat) / dt,
                 "time_generate_s": t_gen - t0,
@@ -178,5 +174,5 @@ def train(config: Config) -> dict:
     finally:
         for actor in (learner, *workers):
             ray.kill(actor)
-        pool.shutdown()
+        rewards_service.close()
     return summary

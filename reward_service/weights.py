@@ -9,7 +9,8 @@ class RewardWeights(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # A syntax weight near the functionality weight was measured to collapse a weak policy onto
-    # "compiles, passes nothing" (pass rate to 0 within 20 steps, see coderloo/config.py): it stays
+    # "compiles, passes nothing" (on the tiny model, syntax 0.3 with functionality 0.5 took the
+    # training pass rate from 5% to 0 within 20 RL steps): it stays
     # a small shaping term. The lint penalty is off by default for the same reason: a weak policy
     # earns more by writing less (an empty body has no diagnostics) than by passing tests.
     # Performance is off too: the small programs of the task sets run in milliseconds, where the

@@ -14,10 +14,10 @@ def test_shipped_configs_validate(path):
 
 
 def test_overrides_are_typed_and_nested():
-    cfg = load_config("configs/default.yaml", ["learner.lr=1e-5", 'rollout.stop=["\\n\\n"]', "sandbox.limits.memory_mb=256", "learner.normalize_advantages=false"])
+    cfg = load_config("configs/default.yaml", ["learner.lr=1e-5", 'rollout.stop=["\\n\\n"]', "reward.limits.memory_mb=256", "learner.normalize_advantages=false"])
     assert cfg.learner.lr == 1e-5
     assert cfg.rollout.stop == ["\n\n"]
-    assert cfg.sandbox.limits.memory_mb == 256
+    assert cfg.reward.limits.memory_mb == 256
     assert cfg.learner.normalize_advantages is False
 
 

@@ -64,7 +64,9 @@ def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
 
     args = ["eval", "--model", str(tiny_model), "tasks.max_eval_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]"]
     assert main(args) == 0
-    report = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out  # Ray may print worker logs around the report
+    start = out.index('{\n  "model"')
+    report = json.loads(out[start : out.index("\n}", start) + 2])
     assert report["tasks"] == 4 and report["model"] == str(tiny_model)
     assert {"pass@1", "pass@2", "greedy_pass@1"} <= set(report)
     assert report["pass@1"] == 0.0  # an untrained model passes nothing
