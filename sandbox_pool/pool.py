@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import ray
 
@@ -40,17 +41,20 @@ class SandboxPool:
             for _ in range(num_executors)
         ]
         self._in_flight: list[list[ray.ObjectRef]] = [[] for _ in self._executors]
+        # The reward service scores several requests at once from worker threads.
+        self._lock = threading.Lock()
 
     def submit(self, requests: list[ExecutionRequest]) -> list[ray.ObjectRef]:
         """Start every request; one ObjectRef of an ExecutionResult per request, in order."""
-        self._forget_finished()
-        refs = []
-        for request in requests:
-            least_loaded = min(range(len(self._executors)), key=lambda i: len(self._in_flight[i]))
-            ref = self._executors[least_loaded].execute.remote(request)
-            self._in_flight[least_loaded].append(ref)
-            refs.append(ref)
-        return refs
+        with self._lock:
+            self._forget_finished()
+            refs = []
+            for request in requests:
+                least_loaded = min(range(len(self._executors)), key=lambda i: len(self._in_flight[i]))
+                ref = self._executors[least_loaded].execute.remote(request)
+                self._in_flight[least_loaded].append(ref)
+                refs.append(ref)
+            return refs
 
     def run(self, requests: list[ExecutionRequest]) -> list[ExecutionResult]:
         """Execute and wait; results in request order."""

@@ -335,6 +335,21 @@ def test_pool_runs_mixed_requests_in_order(ray_cluster):
         pool.shutdown()
 
 
+def test_pool_takes_submissions_from_several_threads(ray_cluster):
+    # The reward service scores concurrent requests from worker threads through one pool.
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = mixed_requests(48)
+    pool = SandboxPool(num_executors=2, concurrency_per_executor=4)
+    try:
+        chunks = [cases[i : i + 6] for i in range(0, len(cases), 6)]
+        with ThreadPoolExecutor(8) as threads:
+            results = list(threads.map(lambda chunk: pool.run([r for r, _ in chunk]), chunks))
+        check_in_order(cases, [r for chunk in results for r in chunk])
+    finally:
+        pool.shutdown()
+
+
 def test_executor_batch_keeps_order(ray_cluster):
     cases = mixed_requests(12)
     executor = SandboxExecutor.remote(3)
