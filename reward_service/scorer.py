@@ -52,22 +52,7 @@ def analyse(task: Task, completion: str) -> Analysis:
 
 
 class RewardScorer:
-    """`RewardScorer(pool, limits, weights=RewardWeights(...))`; the positional syntax and
-    functionality weights are the controller's older form of the same thing."""
-
-    def __init__(
-        self,
-        pool: SandboxPool,
-        limits: Limits,
-        syntax_weight: float | None = None,
-        functionality_weight: float | None = None,
-        *,
-        weights: RewardWeights | None = None,
-    ):
-        if weights is None:
-            weights = RewardWeights(syntax=syntax_weight, functionality=functionality_weight)
-        elif syntax_weight is not None or functionality_weight is not None:
-            raise TypeError("give either weights or syntax_weight/functionality_weight, not both")
+    def __init__(self, pool: SandboxPool, limits: Limits, weights: RewardWeights):
         self.pool = pool
         self.limits = limits
         self.weights = weights

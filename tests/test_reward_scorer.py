@@ -9,6 +9,7 @@ import ray
 from coderloo.tasksets.synthetic import synthetic_suite
 from reward_service.extract import extract_code
 from reward_service.scorer import RewardScorer, SandboxInfraError, compiles
+from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionResult, Limits, Status
 
 TASK = synthetic_suite()["train"][0]
@@ -48,7 +49,7 @@ def test_compiles():
 
 def test_reward_components_and_dedupe(ray_cluster):
     pool = ScriptedPool([Status.passed, Status.failed])
-    scorer = RewardScorer(pool, Limits(), syntax_weight=0.1, functionality_weight=1.0)
+    scorer = RewardScorer(pool, Limits(), RewardWeights())
     right = TASK.reference[len(TASK.prompt):]
     rewards = scorer.score([TASK, TASK, TASK], [right, "    return (\n", right])
     assert len(pool.submitted[0]) == 2  # the repeated program ran once
@@ -58,17 +59,15 @@ def test_reward_components_and_dedupe(ray_cluster):
 
 
 def test_sandbox_failure_is_retried_then_raised(ray_cluster):
-    scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.passed]), Limits(), 0.1, 1.0)
+    scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.passed]), Limits(), RewardWeights())
     assert scorer.score([TASK], ["    return 0\n"])[0].passed  # retried once, then fine
-    scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.infra_error]), Limits(), 0.1, 1.0)
+    scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.infra_error]), Limits(), RewardWeights())
     with pytest.raises(SandboxInfraError, match="1 of 1 programs hit a sandbox failure twice"):
         scorer.score([TASK], ["    return 0\n"])
 
 
 def test_weights_model_and_lint_component(ray_cluster):
     """Lint runs the real Ruff; its penalty is weighted, saturates, and is reported on its own."""
-    from reward_service.weights import RewardWeights
-
     weights = RewardWeights(syntax=0.1, functionality=1.0, lint=0.5, lint_saturation=2)
     scorer = RewardScorer(ScriptedPool([Status.passed, Status.passed, Status.failed]), Limits(), weights=weights)
     clean = "    return x + 1\n"
@@ -80,7 +79,7 @@ def test_weights_model_and_lint_component(ray_cluster):
     assert rewards[1].total == pytest.approx(0.1 + 1.0 - 0.5 * 0.5)
     assert rewards[2].syntax_error is not None and rewards[2].syntax == 0.0
     # lint off by default: not run, not reported
-    default = RewardScorer(ScriptedPool([Status.passed]), Limits(), 0.1, 1.0)
+    default = RewardScorer(ScriptedPool([Status.passed]), Limits(), RewardWeights())
     assert default.weights == RewardWeights() and default.score([TASK], [one])[0].lint is None
 
 
@@ -97,8 +96,6 @@ def test_security_rules_and_saturation():
 
 def test_weights_need_a_positive_weight():
     from pydantic import ValidationError
-
-    from reward_service.weights import RewardWeights
 
     with pytest.raises(ValidationError):
         RewardWeights(syntax=0.0, functionality=0.0)

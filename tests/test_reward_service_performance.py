@@ -28,5 +28,5 @@ def test_slow_right_code_earns_less_and_wrong_code_none(pool):
 
 
 def test_performance_off_by_default(pool):
-    reward = RewardScorer(pool, Limits(), 0.1, 1.0).score([TASK], ["    return x + 1\n"])[0]
+    reward = RewardScorer(pool, Limits(), RewardWeights()).score([TASK], ["    return x + 1\n"])[0]
     assert reward.performance is None and reward.total == pytest.approx(1.1)
