@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +20,13 @@ ENV_DEFAULTS = {
     # vLLM logs several lines per weight update; errors still show.
     "VLLM_LOGGING_LEVEL": "ERROR",
 }
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a rendezvous or an HTTP proxy started next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def apply_env_defaults() -> None:

@@ -4,20 +4,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import ray
 import torch
 
+from coderloo.runtime import free_port
 from learner.batch import PackedBatch, TrainSequence, micro_batches, pack
 from learner.losses import policy_loss, sft_loss, token_logprobs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def publishable_state(model) -> dict[str, torch.Tensor]:
@@ -42,7 +36,7 @@ class Learner:
     def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None):
         # Without the deepspeed launcher, DeepSpeed needs the torch.distributed rendezvous in env.
         os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
         )
         import deepspeed
 

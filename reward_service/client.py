@@ -1,10 +1,9 @@
 """Starting the reward service for a training run, and scoring through its Serve handle (no HTTP)."""
 from __future__ import annotations
 
-import socket
-
 from ray import serve
 
+from coderloo.runtime import free_port
 from coderloo.tasksets.task import Task
 from reward_service.app import build_app
 from reward_service.schemas import ItemReward, RewardItem, RewardRequest, ServiceConfig
@@ -19,7 +18,7 @@ class RewardClient:
         # Serve's HTTP proxy stays on loopback; the trainer itself only uses the handle.
         self.started_serve = not _serve_running()
         if self.started_serve:
-            serve.start(http_options={"host": "127.0.0.1", "port": http_port or _free_port()})
+            serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()})
         self.max_batch = config.max_batch
         self.handle = serve.run(build_app(config), name=APP_NAME, route_prefix=f"/{APP_NAME}")
 
@@ -38,9 +37,3 @@ class RewardClient:
 
 def _serve_running() -> bool:
     return serve.context._get_global_client(raise_if_no_controller_running=False) is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -73,7 +73,3 @@ def extract(completion: str, prompt_is_code: bool, entry_point: str | None = Non
     defines = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE) if entry_point else None
     chosen = next((m for m in blocks if defines and defines.search(m.group(2))), blocks[0])
     return _span(completion, chosen.start(2), chosen.end(2))
-
-
-def extract_code(completion: str, prompt_is_code: bool, entry_point: str | None = None) -> str:
-    return extract(completion, prompt_is_code, entry_point).code

@@ -41,10 +41,6 @@ class Analysis:
     syntax_error: Diagnostic | None
 
 
-def compiles(program: str) -> bool:
-    return syntax_error(program) is None
-
-
 def analyse(task: Task, completion: str) -> Analysis:
     extraction = extract(completion, task.prompt_is_code, task.entry_point)
     program = task.program(extraction.code)

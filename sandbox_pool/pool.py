@@ -27,9 +27,6 @@ class SandboxExecutor:
         async with self._slots:
             return await self._fork_server.execute(request)
 
-    async def execute_batch(self, requests: list[ExecutionRequest]) -> list[ExecutionResult]:
-        return list(await asyncio.gather(*(self.execute(request) for request in requests)))
-
 
 class SandboxPool:
     """A fixed set of SandboxExecutor actors; each request goes to the least-loaded one."""

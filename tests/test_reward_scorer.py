@@ -7,8 +7,9 @@ import pytest
 import ray
 
 from coderloo.tasksets.synthetic import synthetic_suite
-from reward_service.extract import extract_code
-from reward_service.scorer import RewardScorer, SandboxInfraError, compiles
+from reward_service.extract import extract
+from reward_service.lint import syntax_error
+from reward_service.scorer import RewardScorer, SandboxInfraError
 from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionResult, Limits, Status
 
@@ -33,18 +34,18 @@ class ScriptedPool:
         return out
 
 
-def test_extract_code_cases():
-    assert extract_code("    return x\n", prompt_is_code=True) == "    return x\n"
-    assert extract_code("Here:\n```python\ndef f():\n    return 1\n```\nDone.", False) == "def f():\n    return 1\n"
-    assert extract_code("```\na = 1\n```\n```python\nb = 2\n```", False) == "a = 1\n"
-    assert extract_code("```python\ndef f(:\n    trunc", False) == "def f(:\n    trunc"
-    assert extract_code("def f():\n    return 2\n", False) == "def f():\n    return 2\n"
+def test_extract_cases():
+    assert extract("    return x\n", prompt_is_code=True).code == "    return x\n"
+    assert extract("Here:\n```python\ndef f():\n    return 1\n```\nDone.", False).code == "def f():\n    return 1\n"
+    assert extract("```\na = 1\n```\n```python\nb = 2\n```", False).code == "a = 1\n"
+    assert extract("```python\ndef f(:\n    trunc", False).code == "def f(:\n    trunc"
+    assert extract("def f():\n    return 2\n", False).code == "def f():\n    return 2\n"
 
 
-def test_compiles():
-    assert compiles("def f(x):\n    return x\n")
-    assert not compiles("def f(x:\n")
-    assert not compiles("x = 1\x00")
+def test_syntax_error_means_does_not_compile():
+    assert syntax_error("def f(x):\n    return x\n") is None
+    assert syntax_error("def f(x:\n") is not None
+    assert syntax_error("x = 1\x00") is not None
 
 
 def test_reward_components_and_dedupe(ray_cluster):

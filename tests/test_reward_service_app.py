@@ -1,9 +1,10 @@
 """The reward service over real HTTP on 127.0.0.1 and through a DeploymentHandle: real Serve, real
 sandbox pool, real Ruff."""
 import json
-import socket
 
 import pytest
+
+from coderloo.runtime import free_port
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -14,12 +15,6 @@ from reward_service.weights import RewardWeights
 
 TASK = synthetic_suite()["train"][0]
 RIGHT = TASK.reference[len(TASK.prompt):]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from sandbox_pool import (
     ExecutionResult,
     ForkServer,
     Limits,
-    SandboxExecutor,
     SandboxPool,
     Status,
     execute,
@@ -348,15 +347,6 @@ def test_pool_takes_submissions_from_several_threads(ray_cluster):
         check_in_order(cases, [r for chunk in results for r in chunk])
     finally:
         pool.shutdown()
-
-
-def test_executor_batch_keeps_order(ray_cluster):
-    cases = mixed_requests(12)
-    executor = SandboxExecutor.remote(3)
-    try:
-        check_in_order(cases, ray_cluster.get(executor.execute_batch.remote([request for request, _ in cases])))
-    finally:
-        ray_cluster.kill(executor)
 
 
 def shared_dir() -> Path:
