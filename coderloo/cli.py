@@ -29,7 +29,7 @@ def cmd_eval(args) -> int:
     from coderloo.runtime import init_ray
     from coderloo.tasksets.loading import load_tasks
     from reward_service.client import RewardClient
-    from rollout_workers import RolloutWorker
+    from rollout_workers import RolloutGroup, RolloutWorker
 
     config = _config(args)
     _, tasks = load_tasks(config.tasks)
@@ -39,7 +39,7 @@ def cmd_eval(args) -> int:
     workers = [RolloutWorker.remote(model, config.rollout.backend, threads=config.rollout.threads)]
     try:
         result = evaluate(
-            workers, rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
+            RolloutGroup(workers), rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
             temperature=config.eval.temperature, max_new_tokens=config.rollout.max_new_tokens,
             stop=config.rollout.stop, greedy=config.eval.greedy,
         )

@@ -48,6 +48,20 @@ class TasksConfig(Section):
         return self
 
 
+class WeightSyncConfig(Section):
+    transport: Literal["gloo", "nccl"] = Field(
+        default="gloo",
+        description="gloo: CPU broadcast over TCP (any machine); nccl: GPU broadcast into the vLLM workers.",
+    )
+    bucket_mb: float = Field(default=32.0, gt=0, description="Parameters travel in buckets of at most this many MiB.")
+    timeout_s: float = Field(default=120.0, gt=0, description="A push that a peer does not finish in this time raises instead of hanging.")
+
+    def settings(self):
+        from rollout_workers.group import SyncSettings
+
+        return SyncSettings(self.transport, int(self.bucket_mb * (1 << 20)), self.timeout_s)
+
+
 class RolloutConfig(Section):
     backend: Literal["vllm", "transformers"] = Field(default="vllm", description="Generation backend of the rollout workers.")
     num_workers: int = Field(default=1, ge=1, description="Rollout worker actors.")
@@ -57,6 +71,7 @@ class RolloutConfig(Section):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("], description="Stop sequences.")
     threads: int = Field(default=2, ge=1, description="CPU threads of each worker's engine (CPU runs only).")
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="How new weights reach the engines.")
 
 
 class LearnerConfig(Section):
@@ -72,6 +87,12 @@ class LearnerConfig(Section):
     grad_accum_steps: int = Field(default=2, ge=1, description="Micro-batches per optimizer step.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio.")
+    tis_cap: float | None = Field(
+        default=2.0, gt=0,
+        description="Truncated importance sampling: each token's loss is weighted by "
+        "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
+        "learner's probabilities (null: no correction).",
+    )
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of the KL penalty to the frozen reference (0: no reference model).")
     normalize_advantages: bool = Field(default=True, description="Scale RLOO advantages to unit std over the batch.")
     seed: int = Field(default=0, description="Seed of the learner.")

@@ -24,7 +24,7 @@ from learner.actor import Learner
 from learner.advantages import rloo_advantages, whiten
 from learner.batch import TrainSequence
 from reward_service.client import RewardClient
-from rollout_workers import GenerationParams, RolloutWorker, generate, push_weights
+from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker
 
 
 def resolve(path: str) -> Path:
@@ -71,26 +71,21 @@ def train(config: Config) -> dict:
         RolloutWorker.remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
         for i in range(config.rollout.num_workers)
     ]
+    rollouts_group = RolloutGroup(workers, config.rollout.weight_sync.settings())
     try:
+        rollouts_group.connect(learner)
         rollout = config.rollout
         k = rollout.samples_per_prompt
         params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, stop=rollout.stop)
-        version = 0
-
         def run_eval(stage: str, step: int) -> dict[str, float]:
             result = evaluate(
-                workers, rewards_service, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
+                rollouts_group, rewards_service, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
                 temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
                 greedy=config.eval.greedy,
             )
-            metrics.write("eval", step, stage=stage, version=version, **result)
+            metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
             tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
             return result
-
-        def publish() -> None:
-            nonlocal version
-            version += 1
-            push_weights(workers, learner.state_dict.remote(), version)
 
         base = run_eval("base", 0)
 
@@ -101,7 +96,7 @@ def train(config: Config) -> dict:
             stats = ray.get(learner.sft_step.remote(batch))
             metrics.write("sft", step + 1, **stats)
         if config.sft.steps:
-            publish()
+            rollouts_group.push()
         after_sft = run_eval("rl", 0)
 
         # --- RL: RLOO ---
@@ -114,7 +109,7 @@ def train(config: Config) -> dict:
             tasks, order = order[: config.train.prompts_per_step], order[config.train.prompts_per_step:]
 
             # 1. k samples per prompt, tagged with the policy version that made them
-            rollouts = generate(workers, [t.prompt for t in tasks], params)
+            rollouts = rollouts_group.generate([t.prompt for t in tasks], params)
             t_gen = time.time()
 
             # 2. rewards: every program runs against its tests in the sandbox pool
@@ -135,11 +130,12 @@ def train(config: Config) -> dict:
 
             # 4. one learner step, 5. new weights to the rollout workers
             stats = ray.get(learner.train_step.remote(sequences))
-            publish()
+            t_learn = time.time()
+            sync = rollouts_group.push()
             dt = time.time() - t0
 
             record = {
-                "version": version,
+                "version": rollouts_group.version,
                 "reward_mean": float(reward_matrix.mean()),
                 "pass_rate": sum(r.passed for r in rewards) / len(rewards),
                 "syntax_rate": sum(r.components.syntax for r in rewards) / len(rewards),
@@ -147,7 +143,8 @@ def train(config: Config) -> dict:
                 "samples_per_s": len(flat) / dt,
                 "time_generate_s": t_gen - t0,
                 "time_score_s": t_score - t_gen,
-                "time_learn_s": dt - (t_score - t0),
+                "time_learn_s": t_learn - t_score,
+                "time_sync_s": sync["sync_s"],
                 **stats,
             }
             metrics.write("rl", step, **record)
@@ -167,7 +164,7 @@ def train(config: Config) -> dict:
             "base": base,
             "after_sft": after_sft,
             "final": final,
-            "policy_version": version,
+            "policy_version": rollouts_group.version,
             "output_dir": str(out),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -7,7 +7,7 @@ import numpy as np
 
 from coderloo.tasksets.task import Task
 from reward_service.client import RewardClient
-from rollout_workers import GenerationParams, generate
+from rollout_workers import GenerationParams, RolloutGroup
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -20,7 +20,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def evaluate(
-    workers: list,
+    rollouts_group: RolloutGroup,
     rewards_service: RewardClient,
     tasks: list[Task],
     n: int,
@@ -33,14 +33,14 @@ def evaluate(
     """pass@k over `tasks` from n samples each; with `greedy`, also greedy pass@1."""
     prompts = [t.prompt for t in tasks]
     params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
-    rollouts = generate(workers, prompts, params)
+    rollouts = rollouts_group.generate(prompts, params)
     pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
     rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
     correct = np.array([r.passed for r in rewards]).reshape(len(tasks), n).sum(axis=1)
     metrics = {f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct])) for k in ks}
     if greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-        rollouts = generate(workers, prompts, params)
+        rollouts = rollouts_group.generate(prompts, params)
         rewards = rewards_service.score(tasks, [r.samples[0].text for r in rollouts])
         metrics["greedy_pass@1"] = float(np.mean([r.passed for r in rewards]))
     return metrics

@@ -22,10 +22,10 @@ ENV_DEFAULTS = {
 }
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a rendezvous or an HTTP proxy started next)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (for a rendezvous or an HTTP proxy started next)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -12,22 +12,23 @@ import torch
 from coderloo.runtime import free_port
 from learner.batch import PackedBatch, TrainSequence, micro_batches, pack
 from learner.losses import policy_loss, sft_loss, token_logprobs
+from rollout_workers.weight_sync import WeightSource
 
 
-def publishable_state(model) -> dict[str, torch.Tensor]:
-    """Full weights for the rollout workers, a tied embedding under both of its names.
+def named_weights(model) -> dict[str, torch.Tensor]:
+    """The weights the rollout engines load, a tied embedding under both of its names.
 
     A receiver that maps lm_head to the embedding ignores the extra name; one that does not would
     otherwise keep a stale lm_head and sample from the old policy without any error.
     """
-    state = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    named = {name: p.detach() for name, p in model.state_dict().items()}
     if model.config.tie_word_embeddings:
-        state["lm_head.weight"] = model.get_input_embeddings().weight.detach().clone()
-    return state
+        named["lm_head.weight"] = model.get_input_embeddings().weight.detach()
+    return named
 
 
 @ray.remote
-class Learner:
+class Learner(WeightSource):
     """One rank of the policy learner (a single rank on one machine).
 
     `config` is a coderloo.config.LearnerConfig; the learner knows nothing of sandboxes or HTTP.
@@ -78,48 +79,49 @@ class Learner:
 
         The batch is split into `optimizer_steps` mini-batches, each one optimizer step of
         `grad_accum_steps` micro-batches. Mini-batches after the first are slightly off-policy;
-        the ratio against the sampler's logprobs, clipped, accounts for it.
+        the clipped ratio against the learner's logprobs at the start of the step accounts for
+        it, and truncated importance sampling for the sampler's own difference (see policy_loss).
         """
         self._set_lr(self.config.lr)
         self.engine.train()
         totals: dict[str, float] = {}
-        minis = micro_batches(sequences, self.config.optimizer_steps)
         count = self.config.optimizer_steps * self.config.grad_accum_steps
-        mismatch_sum, mismatch_max, mismatch_tokens = 0.0, 0.0, 0.0
-        for mini_index, mini in enumerate(minis):
-            chunks = micro_batches(mini, self.config.grad_accum_steps)
-            for chunk in chunks:
-                batch = pack(chunk, self.pad_id)
-                logprobs = self._logprobs(self.engine, batch)
-                ref_logprobs = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref_logprobs = self._logprobs(self.reference, batch)
-                loss, stats = policy_loss(
-                    logprobs,
-                    batch.old_logprobs,
-                    batch.advantages,
-                    batch.completion_mask,
-                    clip_eps=self.config.clip_eps,
-                    ref_logprobs=ref_logprobs,
-                    kl_coef=self.config.kl_coef,
-                )
-                if mini_index == 0:
-                    # Before any update the learner's logprobs should equal the sampler's: the
-                    # gap measures the sampler/learner mismatch (kernels, precision, stale weights).
-                    with torch.no_grad():
-                        diff = (logprobs - batch.old_logprobs).abs() * batch.completion_mask
-                    mismatch_sum += diff.sum().item()
-                    mismatch_max = max(mismatch_max, diff.max().item())
-                    mismatch_tokens += batch.completion_mask.sum().item()
-                self.engine.backward(loss)
-                self._step()
-                stats["loss"] = loss.item()
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + value / count
+        chunks = [
+            pack(chunk, self.pad_id)
+            for mini in micro_batches(sequences, self.config.optimizer_steps)
+            for chunk in micro_batches(mini, self.config.grad_accum_steps)
+        ]
+        # The learner's logprobs before any update: the ratio's reference, and against the
+        # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
+        # stale weights), which truncated importance sampling corrects.
+        with torch.no_grad():
+            old = [self._logprobs(self.engine, batch) for batch in chunks]
+        diffs = torch.cat([((o - b.old_logprobs).abs())[b.completion_mask.bool()] for o, b in zip(old, chunks)])
+        for batch, old_logprobs in zip(chunks, old):
+            logprobs = self._logprobs(self.engine, batch)
+            ref_logprobs = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logprobs = self._logprobs(self.reference, batch)
+            loss, stats = policy_loss(
+                logprobs,
+                old_logprobs,
+                batch.advantages,
+                batch.completion_mask,
+                clip_eps=self.config.clip_eps,
+                ref_logprobs=ref_logprobs,
+                kl_coef=self.config.kl_coef,
+                sampler_logprobs=batch.old_logprobs,
+                tis_cap=self.config.tis_cap,
+            )
+            self.engine.backward(loss)
+            self._step()
+            stats["loss"] = loss.item()
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value / count
         totals["grad_norm"] = self.grad_norm
-        totals["sampler_logprob_diff_mean"] = mismatch_sum / max(mismatch_tokens, 1.0)
-        totals["sampler_logprob_diff_max"] = mismatch_max
+        totals["sampler_logprob_diff_mean"] = diffs.mean().item() if diffs.numel() else 0.0
+        totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
         return totals
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
@@ -161,8 +163,15 @@ class Learner:
         return contextlib.nullcontext()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """A copy of the whole weights (tests and checkpoints read them)."""
         with self._whole_parameters():
-            return publishable_state(self.engine.module)
+            return {name: t.clone() for name, t in named_weights(self.engine.module).items()}
+
+    @contextlib.contextmanager
+    def weights_for_sync(self):
+        """Whole weights for the rollout engines (WeightSource: rank 0 sends them)."""
+        with self._whole_parameters():
+            yield named_weights(self.engine.module)
 
     def save(self, path: str) -> str:
         """Save the policy in Hugging Face format, loadable by `coderloo eval` and by vLLM."""

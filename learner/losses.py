@@ -26,13 +26,21 @@ def policy_loss(
     clip_eps: float,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    sampler_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over completion tokens, with an optional KL penalty.
 
-    Shapes: logprobs, old_logprobs, ref_logprobs, mask are [B, T]; advantages is [B] (one per
-    sequence, as RLOO gives) or [B, T] (per-token). The ratio is taken against the logprobs the
-    sampler recorded, so stale or mismatched samples are clipped rather than trusted. The loss is
-    the mean over all completion tokens in the batch. KL uses the k3 estimator (unbiased, >= 0).
+    Shapes: logprobs, old_logprobs, ref_logprobs, sampler_logprobs, mask are [B, T]; advantages is
+    [B] (one per sequence, as RLOO gives) or [B, T] (per-token).
+
+    `old_logprobs` are the learner's own logprobs at the start of the step: the clipped ratio
+    against them bounds how far this step's optimizer updates move the policy. The samples came
+    from the sampler (another engine, maybe older weights), whose logprobs differ; with
+    `sampler_logprobs` and `tis_cap`, each token's loss is weighted by the truncated importance
+    ratio min(p_old / p_sampler, tis_cap) (truncated importance sampling), which corrects that
+    mismatch without letting a rare token's weight explode. The loss is the mean over all
+    completion tokens in the batch. KL uses the k3 estimator (unbiased, >= 0).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
@@ -43,10 +51,16 @@ def policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
     per_token = -torch.min(unclipped, clipped)
     stats = {
-        "pg_loss": masked_mean(per_token, mask).item(),
         "clip_fraction": masked_mean((unclipped != clipped).to(mask.dtype), mask).item(),
         "ratio_mean": masked_mean(ratio, mask).item(),
     }
+    if tis_cap is not None and sampler_logprobs is not None:
+        raw = torch.exp(old_logprobs - sampler_logprobs).detach()
+        weight = raw.clamp(max=tis_cap)
+        per_token = per_token * weight
+        stats["tis_weight_mean"] = masked_mean(weight, mask).item()
+        stats["tis_truncated_fraction"] = masked_mean((raw > tis_cap).to(mask.dtype), mask).item()
+    stats["pg_loss"] = masked_mean(per_token, mask).item()
     if ref_logprobs is not None and kl_coef > 0:
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
+from rollout_workers.weight_sync import BucketPlan, Receiver, WeightSyncError, open_group
 
 
 class TransformersBackend:
@@ -52,12 +53,22 @@ class TransformersBackend:
             rollouts.append(PromptRollout(prompt_ids, samples))
         return rollouts
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def join_weight_group(self, backend: str, *args) -> None:
+        if backend != "gloo":
+            raise ValueError(f"the transformers backend receives weights on the CPU: transport must be 'gloo', got {backend!r}")
+        self.group = open_group(backend, *args)
+
+    def receive_weights(self, plan: BucketPlan) -> None:
+        receiver = Receiver(self.group, plan, "cpu")
+        state = dict(receiver.tensors())
+        # Both names of a tied embedding arrive; strict=False accepts lm_head and tie_weights() below
+        # makes the two one tensor again.
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if missing or unexpected:
-            raise ValueError(f"weight update does not fit the model: missing {missing}, unexpected {unexpected}")
+            raise WeightSyncError(f"weight update does not fit the model: missing {missing}, unexpected {unexpected}")
         if self.model.config.tie_word_embeddings:
             self.model.tie_weights()
+        receiver.finish(self.probe)
 
     def probe(self, names: list[str]) -> dict[str, float]:
         params = dict(self.model.named_parameters())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
+from rollout_workers.weight_sync import BucketPlan, Receiver, open_group
 
 
 class VLLMBackend:
@@ -18,6 +19,7 @@ class VLLMBackend:
             max_model_len=max_model_len,
             # The learner's logprobs are of the temperature-scaled distribution: report the same.
             logprobs_mode="processed_logprobs",
+            worker_extension_cls="rollout_workers.vllm_backend.WeightSyncExtension",
         )
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -40,23 +42,38 @@ class VLLMBackend:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
-                finish = "length" if c.finish_reason == "length" else "stop"
+                finish = "length" if c.finish_reason == "length" else "stop"  # EOS or a stop sequence
                 samples.append(Sample(ids, logprobs, c.text, finish, version))
             rollouts.append(PromptRollout(list(out.prompt_token_ids), samples))
         return rollouts
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        # reload_weights goes through the model's own loader, which repacks weights for the CPU
-        # kernels and maps tied embeddings; both names of a tied weight are sent.
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
-        # Cached prefixes hold keys and values of the old weights.
+    def join_weight_group(self, *args) -> None:
+        self.llm.collective_rpc("coderloo_join_weight_group", args=args)
+
+    def receive_weights(self, plan: BucketPlan) -> None:
+        self.llm.collective_rpc("coderloo_receive_weights", args=(plan,))
+        # Cached prefixes hold keys and values computed with the old weights.
         self.llm.reset_prefix_cache()
 
     def probe(self, names: list[str]) -> dict[str, float]:
+        return self.llm.collective_rpc("coderloo_probe", args=(names,))[0]
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`): a weight push is received where the
+    model lives, in the worker process, and loaded bucket by bucket as it arrives."""
+
+    def coderloo_join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        self.coderloo_group = open_group(backend, host, port, rank, world_size, timeout_s)
+
+    def coderloo_receive_weights(self, plan: BucketPlan) -> None:
+        receiver = Receiver(self.coderloo_group, plan, self.device)
+        # The model's own loader (in-place reload) maps checkpoint names, ties lm_head to the
+        # embedding and repacks weights for the CPU kernels; it consumes buckets as they arrive.
+        self.reload_weights(weights_iterator=receiver.tensors())
+        receiver.finish(self.coderloo_probe)
+
+    def coderloo_probe(self, names: list[str]) -> dict[str, float]:
         """Sums of named parameters as the engine holds them (names it does not repack)."""
-
-        def read(worker, names):
-            params = dict(worker.model_runner.model.named_parameters())
-            return {n: float(params[n].detach().double().sum()) for n in names if n in params}
-
-        return self.llm.collective_rpc(read, args=(names,))[0]
+        params = dict(self.model_runner.model.named_parameters())
+        return {n: float(params[n].detach().double().sum()) for n in names if n in params}

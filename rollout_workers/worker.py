@@ -7,14 +7,7 @@ import ray
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout
-
-# Parameters read back after every update to check the engine really holds the new weights:
-# embeddings and norms are stored as sent (linear layers are repacked by CPU kernels).
-PROBE_NAMES = ["model.embed_tokens.weight", "model.norm.weight"]
-
-
-class WeightSyncError(RuntimeError):
-    """The engine does not hold the weights that were sent."""
+from rollout_workers.weight_sync import BucketPlan
 
 
 @ray.remote
@@ -38,20 +31,19 @@ class RolloutWorker:
     def generate(self, prompts: list[str], params: GenerationParams) -> list[PromptRollout]:
         return self.backend.generate(prompts, params, self.version)
 
-    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
-        """Load new weights, check they arrived, and take on `version`."""
+    def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """Join the learner's broadcast group as `rank` (blocks until every rank has joined)."""
+        self.backend.join_weight_group(backend, host, port, rank, world_size, timeout_s)
+
+    def receive_weights(self, plan: BucketPlan, version: int) -> int:
+        """Receive one push from the group, check it arrived whole, then take on `version`.
+
+        Raises WeightSyncError (nothing is taken on) if a bucket or a probe parameter differs
+        from what the learner sent, and WeightSyncTimeout if the learner stops sending.
+        """
         if version <= self.version:
             raise ValueError(f"weight version must increase: have {self.version}, got {version}")
-        self.backend.load_weights(state)
-        held = self.backend.probe(PROBE_NAMES)
-        for name in PROBE_NAMES:
-            if name not in state:
-                continue
-            sent = float(state[name].detach().double().sum())
-            if name not in held or abs(held[name] - sent) > 1e-6 * max(1.0, abs(sent)):
-                raise WeightSyncError(
-                    f"after update to version {version}, {name} in the engine sums to {held.get(name)}, sent {sent}"
-                )
+        self.backend.receive_weights(plan)
         self.version = version
         return version
 

@@ -59,6 +59,24 @@ def test_policy_loss_clips_the_ratio():
     assert loss.item() == pytest.approx(-(1.2 + 1.0) / 2)
 
 
+def test_truncated_importance_sampling_weights_each_token():
+    # p_old / p_sampler is e^-0.5 on token 0 (kept) and e^2 on token 1 (truncated at the cap).
+    old = torch.tensor([[-1.0, -1.0]])
+    sampler = torch.tensor([[-0.5, -3.0]])
+    logprobs = old.clone().requires_grad_(True)
+    loss, stats = policy_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2,
+                              sampler_logprobs=sampler, tis_cap=2.0)
+    loss.backward()
+    w0 = torch.exp(torch.tensor(-0.5)).item()
+    assert logprobs.grad[0].tolist() == pytest.approx([-w0 / 2, -2.0 / 2])
+    assert stats["tis_weight_mean"] == pytest.approx((w0 + 2.0) / 2)
+    assert stats["tis_truncated_fraction"] == 0.5
+    # Without the cap the sampler's logprobs are ignored.
+    plain, _ = policy_loss(old.clone().requires_grad_(True), old, torch.tensor([1.0]), torch.ones(1, 2), 0.2,
+                           sampler_logprobs=sampler, tis_cap=None)
+    assert plain.item() == pytest.approx(-1.0)
+
+
 def test_kl_penalty_is_zero_at_the_reference_and_positive_elsewhere():
     lp = torch.tensor([[-1.0, -1.0]])
     mask = torch.ones(1, 2)

@@ -1,15 +1,47 @@
-"""vLLM and transformers generate the same greedy fp32 tokens after each weight update."""
+"""Weight pushes into real engines: vLLM and transformers agree after each update, and a push
+that cannot complete raises instead of hanging or passing silently."""
+import contextlib
+
 import pytest
 import ray
 import torch
 
 from coderloo.models import TinyModelSpec, build_tiny_model, load_causal_lm
 from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
-from learner.actor import publishable_state
-from rollout_workers import GenerationParams, RolloutWorker, generate, push_weights
+from learner.actor import named_weights
+from rollout_workers import (
+    GenerationParams, RolloutGroup, RolloutWorker, SyncSettings, WeightSyncError, WeightSyncTimeout,
+)
+from rollout_workers.weight_sync import WeightSource
 
 PROMPTS = [t.prompt for t in synthetic_suite()["heldout"][::6]]
 GREEDY = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
+
+
+@ray.remote
+class ModelSource(WeightSource):
+    """The sender's side of a push, holding a plain model that the test changes."""
+
+    def __init__(self, path: str, silent: bool = False):
+        self.model = load_causal_lm(path)
+        self.silent = silent
+        torch.manual_seed(0)
+
+    @contextlib.contextmanager
+    def weights_for_sync(self):
+        yield named_weights(self.model)
+
+    def perturb(self, scale: float) -> None:
+        # Large changes to every weight: the greedy outputs of a freshly initialised model are
+        # one repeated token (on which any two engines agree); these are prompt-dependent.
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(torch.randn_like(p) * scale)
+
+    def send_weights(self, plan):
+        if self.silent:  # joined the group, then never sends: the receivers must time out
+            return {"send_s": 0.0, "bytes": 0}
+        return super().send_weights(plan)
 
 
 @pytest.fixture(scope="module")
@@ -21,21 +53,21 @@ def untied_model(tmp_path_factory):
 @pytest.mark.parametrize("which", ["tied", "untied"])
 def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, untied_model, which):
     path = str(tiny_model if which == "tied" else untied_model)
+    source = ModelSource.remote(path)
     vllm_worker = RolloutWorker.remote(path, "vllm", threads=1)
     hf_worker = RolloutWorker.remote(path, "transformers", threads=1)
-    model = load_causal_lm(path)
-    torch.manual_seed(0)
+    # Small buckets: the model travels in many pieces, loaded as they arrive.
+    group = RolloutGroup([vllm_worker, hf_worker], SyncSettings("gloo", bucket_bytes=256 << 10, timeout_s=60))
     previous = None
     try:
+        group.connect(source)
+        assert len(group._plan.buckets) > 4
         for version in (1, 2, 3):
-            # Large changes to every weight: the greedy outputs of a freshly initialised model
-            # are one repeated token (on which any two engines agree); these are prompt-dependent.
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(torch.randn_like(p) * 0.3)
-            push_weights([vllm_worker, hf_worker], ray.put(publishable_state(model)), version)
-            from_vllm = generate([vllm_worker], PROMPTS, GREEDY)
-            from_hf = generate([hf_worker], PROMPTS, GREEDY)
+            ray.get(source.perturb.remote(0.3))
+            timing = group.push()
+            assert group.version == version and timing["sync_bytes"] == group._plan.nbytes
+            from_vllm = ray.get(vllm_worker.generate.remote(PROMPTS, GREEDY))
+            from_hf = ray.get(hf_worker.generate.remote(PROMPTS, GREEDY))
             ids_vllm = [r.samples[0].token_ids for r in from_vllm]
             ids_hf = [r.samples[0].token_ids for r in from_hf]
             assert len({tuple(ids) for ids in ids_vllm}) >= 4, "outputs too uniform for a meaningful check"
@@ -44,8 +76,8 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
             assert ids_vllm != previous, "outputs did not change after an update"
             previous = ids_vllm
     finally:
-        ray.kill(vllm_worker)
-        ray.kill(hf_worker)
+        for actor in (source, vllm_worker, hf_worker):
+            ray.kill(actor)
 
 
 def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
@@ -55,9 +87,11 @@ def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
     worker = RolloutWorker.remote(str(tiny_model), "vllm", threads=1)
     try:
         params = GenerationParams(n=4, max_new_tokens=12, temperature=0.7)
-        rollouts = generate([worker], PROMPTS[:4], params)
+        rollouts = RolloutGroup([worker]).generate(PROMPTS[:4], params)
     finally:
         ray.kill(worker)
+    assert all(len(r.samples) == 4 for r in rollouts)
+    assert all(s.finish_reason in ("stop", "length") and len(s.logprobs) == len(s.token_ids) for r in rollouts for s in r.samples)
     seqs = [TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, 0.0) for r in rollouts for s in r.samples]
     batch = pack(seqs, pad_id=0)
     model = load_causal_lm(tiny_model)
@@ -69,13 +103,63 @@ def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
     assert torch.allclose(ours[mask], batch.old_logprobs[mask], atol=1e-3)
 
 
+def test_a_silent_sender_times_out_and_the_version_stays(ray_cluster, tiny_model):
+    source = ModelSource.remote(str(tiny_model), silent=True)
+    worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
+    group = RolloutGroup([worker], SyncSettings("gloo", timeout_s=3))
+    try:
+        group.connect(source)
+        with pytest.raises(WeightSyncTimeout, match="pushing weights version 1: worker 0: WeightSyncTimeout"):
+            group.push()
+        assert group.version == 0 and ray.get(worker.get_version.remote()) == 0
+    finally:
+        ray.kill(source)
+        ray.kill(worker)
+
+
+def test_a_dead_worker_fails_the_push_by_name(ray_cluster, tiny_model):
+    source = ModelSource.remote(str(tiny_model))
+    workers = [RolloutWorker.remote(str(tiny_model), "transformers", threads=1) for _ in range(2)]
+    group = RolloutGroup(workers, SyncSettings("gloo", timeout_s=10))
+    try:
+        group.connect(source)
+        group.push()
+        ray.kill(workers[1])
+        with pytest.raises(WeightSyncError, match="pushing weights version 2: worker 1 died"):
+            group.push()
+        assert group.version == 1
+    finally:
+        for actor in (source, *workers):
+            ray.kill(actor)
+
+
 def test_stale_or_repeated_version_is_refused(ray_cluster, tiny_model):
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
-    state = ray.put(publishable_state(load_causal_lm(tiny_model)))
     try:
-        push_weights([worker], state, 1)
         with pytest.raises(ray.exceptions.RayTaskError, match="weight version must increase"):
-            push_weights([worker], state, 1)
-        assert ray.get(worker.get_version.remote()) == 1
+            ray.get(worker.receive_weights.remote(None, 0))
+        assert ray.get(worker.get_version.remote()) == 0
     finally:
         ray.kill(worker)
+
+
+def test_least_loaded_dispatch_spreads_concurrent_requests(ray_cluster, tiny_model):
+    workers = [RolloutWorker.remote(str(tiny_model), "transformers", threads=1) for _ in range(2)]
+    group = RolloutGroup(workers)
+    # Long random completions (the untrained model rarely ends one) keep requests in flight
+    # well beyond the few milliseconds between the calls below.
+    params = GenerationParams(n=2, max_new_tokens=300, temperature=1.0)
+    try:
+        first = group.submit(PROMPTS[:2], params)  # one prompt to each worker
+        assert [group.load(0), group.load(1)] == [1, 1]
+        # A single request now goes to a worker with nothing in flight, if any; the loads stay even.
+        ray.get(first)
+        assert [group.load(0), group.load(1)] == [0, 0]
+        one = group.submit(PROMPTS[:3], params)  # chunks of 2 and 1
+        two = group.submit(PROMPTS[3:4], params)  # the worker with the chunk of 1 is less loaded
+        assert sorted([group.load(0), group.load(1)]) == [2, 2]
+        rollouts = [r for chunk in ray.get(one + two) for r in chunk]
+        assert len(rollouts) == 4 and all(len(r.samples) == 2 for r in rollouts)
+    finally:
+        for w in workers:
+            ray.kill(w)

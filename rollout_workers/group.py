@@ -1,0 +1,117 @@
+"""The rollout workers as one group: least-loaded dispatch of prompts, and versioned weight pushes."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+
+from rollout_workers.types import GenerationParams, PromptRollout
+from rollout_workers.weight_sync import WeightSyncError, WeightSyncTimeout
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    transport: str = "gloo"  # "gloo" (CPU, TCP) or "nccl" (GPU)
+    bucket_bytes: int = 32 << 20
+    timeout_s: float = 120.0
+
+
+class RolloutGroup:
+    """Rollout worker actors behind one interface.
+
+    `submit` splits a step's prompts into one chunk per worker and sends each chunk to the worker
+    with the fewest prompts in flight, all at once (each engine batches its chunk continuously).
+    `push` broadcasts the sender's weights into every engine under a new, increasing version.
+
+    The sender is an actor with the methods `weight_sync_address`, `open_weight_group`,
+    `weight_plan` and `send_weights` (the learner has them).
+    """
+
+    def __init__(self, workers: list, sync: SyncSettings | None = None):
+        if not workers:
+            raise ValueError("a rollout group needs at least one worker")
+        self.workers = list(workers)
+        self.sync = sync or SyncSettings()
+        self.version = 0
+        self._inflight: list[dict[ray.ObjectRef, int]] = [{} for _ in self.workers]
+        self._sender = None
+        self._plan = None
+
+    # --- generation ---
+
+    def load(self, index: int) -> int:
+        """Prompts in flight on worker `index` (finished requests are dropped from the count)."""
+        pending = self._inflight[index]
+        if pending:
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0, fetch_local=False)
+            for ref in done:
+                del pending[ref]
+        return sum(pending.values())
+
+    def submit(self, prompts: list[str], params: GenerationParams) -> list[ray.ObjectRef]:
+        """Start generation for `prompts`; one ref per chunk, in prompt order."""
+        share = -(-len(prompts) // len(self.workers))
+        refs = []
+        for start in range(0, len(prompts), share):
+            chunk = prompts[start : start + share]
+            index = min(range(len(self.workers)), key=self.load)
+            ref = self.workers[index].generate.remote(chunk, params)
+            self._inflight[index][ref] = len(chunk)
+            refs.append(ref)
+        return refs
+
+    def generate(self, prompts: list[str], params: GenerationParams) -> list[PromptRollout]:
+        return [rollout for chunk in ray.get(self.submit(prompts, params)) for rollout in chunk]
+
+    # --- weights ---
+
+    def connect(self, sender) -> None:
+        """Form the broadcast group: the sender as rank 0, the workers as ranks 1..N."""
+        s = self.sync
+        host, port = ray.get(sender.weight_sync_address.remote())
+        world = len(self.workers) + 1
+        refs = [sender.open_weight_group.remote(s.transport, host, port, world, s.timeout_s)]
+        refs += [w.join_weight_group.remote(s.transport, host, port, i + 1, world, s.timeout_s) for i, w in enumerate(self.workers)]
+        self._wait(refs, "joining the weight-sync group")
+        self._plan = ray.get(sender.weight_plan.remote(s.bucket_bytes))
+        self._sender = sender
+
+    def push(self) -> dict[str, float]:
+        """Send the sender's current weights to every worker as version `self.version + 1`.
+
+        Returns the push's timing. Raises WeightSyncError if any worker did not receive the whole
+        update, WeightSyncTimeout if a peer did not answer within the timeout.
+        """
+        if self._sender is None:
+            raise WeightSyncError("connect() the group to a sender before pushing weights")
+        version = self.version + 1
+        start = time.perf_counter()
+        refs = [self._sender.send_weights.remote(self._plan)]
+        refs += [w.receive_weights.remote(self._plan, version) for w in self.workers]
+        results = self._wait(refs, f"pushing weights version {version}")
+        self.version = version
+        return {"sync_s": time.perf_counter() - start, "send_s": results[0]["send_s"], "sync_bytes": results[0]["bytes"]}
+
+    def _wait(self, refs: list, what: str) -> list:
+        # Each collective has the group's timeout; this bound only catches a peer that hangs
+        # outside a collective (or a Ray call that never starts).
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.sync.timeout_s + 30)
+        names = ["sender"] + [f"worker {i}" for i in range(len(self.workers))]
+        if pending:
+            late = [names[refs.index(r)] for r in pending]
+            raise WeightSyncTimeout(f"{what}: no answer from {', '.join(late)} within {self.sync.timeout_s + 30:.0f} s")
+        results, errors, kind = [], [], WeightSyncError
+        for name, ref in zip(names, refs):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as e:
+                if isinstance(e.cause, WeightSyncTimeout) and not errors:
+                    kind = WeightSyncTimeout
+                errors.append(f"{name}: {type(e.cause).__name__}: {e.cause}")
+            except ray.exceptions.RayActorError as e:
+                kind = WeightSyncError
+                errors.insert(0, f"{name} died: {e}")
+        if errors:
+            raise kind(f"{what}: " + "; ".join(errors))
+        return results

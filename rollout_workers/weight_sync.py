@@ -1,0 +1,235 @@
+"""Weight sync from learner rank 0 into the rollout engines: one broadcast group, parameters in buckets.
+
+Two transports, one protocol:
+
+- "gloo": torch.distributed's CPU backend over TCP (one machine or several); the receiver hands
+  the tensors to the engine's own weight loader (vLLM's in-place reload, which repacks weights
+  for the CPU kernels), bucket by bucket as they arrive.
+- "nccl": the same broadcasts into the GPU memory of the vLLM workers (the receiving side runs
+  inside the vLLM worker process, through vLLM's worker extension and `collective_rpc`).
+
+The sender (learner rank 0) hosts a TCPStore; every engine joins as rank 1..N. A push sends the
+buckets of a `BucketPlan` in order, each one flat buffer of one dtype, then a trailer: the float64
+sum of every bucket and of a few probe parameters. Each receiver checks the sums of what it got
+against the trailer, and the probe parameters read back from its engine after loading, before it
+takes on the new version (`verify`). Every collective has a timeout: a peer that died or never
+joined raises an error that says so, rather than hanging the run.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Iterable, Iterator, Mapping
+
+import torch
+
+# Parameters read back from the engine after every update: embeddings and norms are stored as
+# sent (linear layers are repacked by CPU kernels, so their sums are not comparable).
+PROBE_NAMES = ("model.embed_tokens.weight", "model.norm.weight")
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update did not arrive whole: the engine does not hold the weights that were sent."""
+
+
+class WeightSyncTimeout(WeightSyncError):
+    """A peer of the weight-sync group did not answer in time (dead, hung or never joined)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """The order and grouping of the tensors of one push; fixed for a model, computed once."""
+
+    buckets: tuple[tuple[TensorSpec, ...], ...]
+    probes: tuple[str, ...]  # names from PROBE_NAMES that the model has
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.numel * s.torch_dtype.itemsize for b in self.buckets for s in b)
+
+
+def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> BucketPlan:
+    """Group tensors, in order, into buckets of one dtype and at most `bucket_bytes` each.
+
+    A tensor larger than `bucket_bytes` travels alone in its own bucket.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[list[TensorSpec]] = []
+    size = 0
+    names = []
+    for name, tensor in named:
+        spec = TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+        nbytes = spec.numel * tensor.element_size()
+        same_dtype = bool(buckets) and buckets[-1][0].dtype == spec.dtype
+        if not buckets or not same_dtype or size + nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(spec)
+        size += nbytes
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise ValueError("tensor names must be unique within a push")
+    probes = tuple(p for p in PROBE_NAMES if p in names)
+    return BucketPlan(tuple(tuple(b) for b in buckets), probes)
+
+
+def open_group(backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float):
+    """Join (rank 0: host) a process group of its own, beside any default torch.distributed group.
+
+    Blocks until all `world_size` ranks have joined, or raises after `timeout_s`.
+    """
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    store = dist.PrefixStore("coderloo-weights", store)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host if rank == 0 else _own_address(host))]
+        return dist.ProcessGroupGloo(store, rank, world_size, opts)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, opts)
+    raise ValueError(f"unknown weight-sync transport {backend!r}: expected 'gloo' or 'nccl'")
+
+
+def _own_address(peer: str) -> str:
+    """This machine's address on the route to `peer` (loopback when the peer is loopback)."""
+    import socket
+
+    if peer.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))  # UDP connect sends nothing; it only picks the route
+        return s.getsockname()[0]
+
+
+def _broadcast(group, tensor: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    try:
+        group.broadcast([tensor], opts).wait()
+    except RuntimeError as e:
+        raise WeightSyncTimeout(f"weight broadcast failed (a peer died, hung or left the group): {e}") from e
+
+
+def send(group, plan: BucketPlan, named: Mapping[str, torch.Tensor], device: torch.device | str) -> dict:
+    """Rank 0: broadcast every bucket of `plan`, then the trailer of checksums. Returns timings."""
+    start = time.perf_counter()
+    sums = []
+    for bucket in plan.buckets:
+        buf = torch.cat([named[s.name].detach().reshape(-1).to(device=device, dtype=s.torch_dtype) for s in bucket])
+        sums.append(buf.double().sum())
+        _broadcast(group, buf)
+    probes = [named[name].detach().double().sum() for name in plan.probes]
+    _broadcast(group, torch.tensor([float(x) for x in sums + probes], dtype=torch.float64, device=device))
+    return {"send_s": time.perf_counter() - start, "bytes": plan.nbytes}
+
+
+class WeightSource:
+    """Mixin for the actor that owns the weights (the learner's rank 0): the sender's side of
+    RolloutGroup.connect/push. Subclasses define `weights_for_sync()`, a context manager that
+    yields {name: tensor} of whole weights (ZeRO-3 gathers them there)."""
+
+    _sync_group = None
+    _sync_device = "cpu"
+
+    def weights_for_sync(self):
+        raise NotImplementedError
+
+    def weight_sync_address(self) -> tuple[str, int]:
+        """Where receivers reach this actor's store: its node's address and a free port."""
+        import ray
+
+        from coderloo.runtime import free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def open_weight_group(self, transport: str, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        self._sync_group = open_group(transport, host, port, 0, world_size, timeout_s)
+        self._sync_device = "cuda" if transport == "nccl" else "cpu"
+
+    def weight_plan(self, bucket_bytes: int) -> BucketPlan:
+        with self.weights_for_sync() as named:
+            return plan_buckets(named.items(), bucket_bytes)
+
+    def send_weights(self, plan: BucketPlan) -> dict:
+        if self._sync_group is None:
+            raise WeightSyncError("no weight-sync group: open it before sending")
+        with self.weights_for_sync() as named:
+            return send(self._sync_group, plan, named, self._sync_device)
+
+
+class Receiver:
+    """Ranks 1..N: `tensors()` yields (name, tensor) as buckets arrive, for the engine's loader.
+
+    After the loader has consumed them, `finish(held_probes)` receives the trailer and raises
+    WeightSyncError if any bucket or probe parameter differs from what the sender had.
+    """
+
+    def __init__(self, group, plan: BucketPlan, device: torch.device | str):
+        self.group, self.plan, self.device = group, plan, device
+        self.sums: list[float] = []
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in self.plan.buckets:
+            numel = sum(s.numel for s in bucket)
+            buf = torch.empty(numel, dtype=bucket[0].torch_dtype, device=self.device)
+            _broadcast(self.group, buf)
+            self.sums.append(float(buf.double().sum()))
+            offset = 0
+            for spec in bucket:
+                yield spec.name, buf[offset : offset + spec.numel].view(spec.shape)
+                offset += spec.numel
+
+    def finish(self, read_probes: Callable[[list[str]], dict[str, float]]) -> None:
+        if len(self.sums) != len(self.plan.buckets):
+            raise WeightSyncError(
+                f"the engine's loader consumed {len(self.sums)} of {len(self.plan.buckets)} buckets"
+            )
+        trailer = torch.empty(len(self.plan.buckets) + len(self.plan.probes), dtype=torch.float64, device=self.device)
+        _broadcast(self.group, trailer)
+        expected = trailer.cpu().tolist()
+        verify(self.plan, self.sums, expected, read_probes(list(self.plan.probes)))
+
+
+def verify(plan: BucketPlan, received: list[float], trailer: list[float], held: dict[str, float]) -> None:
+    """Compare the received bucket sums and the engine's probe parameters with the sender's sums."""
+
+    def close(a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+    n = len(plan.buckets)
+    for i, (got, sent) in enumerate(zip(received, trailer[:n])):
+        if not close(got, sent):
+            first = plan.buckets[i][0].name
+            raise WeightSyncError(f"bucket {i} (from {first}) arrived with sum {got}, sent with sum {sent}")
+    for name, sent in zip(plan.probes, trailer[n:]):
+        got = held.get(name)
+        if got is None or not close(got, sent):
+            raise WeightSyncError(f"after loading, {name} in the engine sums to {got}, sent {sent}")
