@@ -91,12 +91,12 @@ class RolloutGroup:
         refs += [w.receive_weights.remote(self._plan, version) for w in self.workers]
         results = self._wait(refs, f"pushing weights version {version}")
         self.version = version
-        return {"sync_s": time.perf_counter() - start, "send_s": results[0]["send_s"], "sync_bytes": results[0]["bytes"]}
+        return {"sync_s": time.perf_counter() - start, "sync_bytes": results[0]["bytes"]}
 
     def _wait(self, refs: list, what: str) -> list:
         # Each collective has the group's timeout; this bound only catches a peer that hangs
         # outside a collective (or a Ray call that never starts).
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.sync.timeout_s + 30)
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.sync.timeout_s + 30)
         names = ["sender"] + [f"worker {i}" for i in range(len(self.workers))]
         if pending:
             late = [names[refs.index(r)] for r in pending]

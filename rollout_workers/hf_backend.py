@@ -4,7 +4,12 @@ from __future__ import annotations
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
-from rollout_workers.weight_sync import BucketPlan, Receiver, WeightSyncError, open_group
+from rollout_workers.weight_sync import (
+    BucketPlan,
+    Receiver,
+    WeightSyncError,
+    open_group,
+)
 
 
 class TransformersBackend:

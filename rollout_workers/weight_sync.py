@@ -17,10 +17,9 @@ joined raises an error that says so, rather than hanging the run.
 """
 from __future__ import annotations
 
-import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -138,8 +137,7 @@ def _broadcast(group, tensor: torch.Tensor) -> None:
 
 
 def send(group, plan: BucketPlan, named: Mapping[str, torch.Tensor], device: torch.device | str) -> dict:
-    """Rank 0: broadcast every bucket of `plan`, then the trailer of checksums. Returns timings."""
-    start = time.perf_counter()
+    """Rank 0: broadcast every bucket of `plan`, then the trailer of checksums."""
     sums = []
     for bucket in plan.buckets:
         buf = torch.cat([named[s.name].detach().reshape(-1).to(device=device, dtype=s.torch_dtype) for s in bucket])
@@ -147,7 +145,7 @@ def send(group, plan: BucketPlan, named: Mapping[str, torch.Tensor], device: tor
         _broadcast(group, buf)
     probes = [named[name].detach().double().sum() for name in plan.probes]
     _broadcast(group, torch.tensor([float(x) for x in sums + probes], dtype=torch.float64, device=device))
-    return {"send_s": time.perf_counter() - start, "bytes": plan.nbytes}
+    return {"bytes": plan.nbytes}
 
 
 class WeightSource:

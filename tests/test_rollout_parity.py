@@ -10,7 +10,12 @@ from coderloo.models import TinyModelSpec, build_tiny_model, load_causal_lm
 from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
 from learner.actor import named_weights
 from rollout_workers import (
-    GenerationParams, RolloutGroup, RolloutWorker, SyncSettings, WeightSyncError, WeightSyncTimeout,
+    GenerationParams,
+    RolloutGroup,
+    RolloutWorker,
+    SyncSettings,
+    WeightSyncError,
+    WeightSyncTimeout,
 )
 from rollout_workers.weight_sync import WeightSource
 
@@ -40,7 +45,7 @@ class ModelSource(WeightSource):
 
     def send_weights(self, plan):
         if self.silent:  # joined the group, then never sends: the receivers must time out
-            return {"send_s": 0.0, "bytes": 0}
+            return {"bytes": 0}
         return super().send_weights(plan)
 
 

@@ -2,7 +2,12 @@
 import pytest
 import torch
 
-from rollout_workers.weight_sync import PROBE_NAMES, WeightSyncError, plan_buckets, verify
+from rollout_workers.weight_sync import (
+    PROBE_NAMES,
+    WeightSyncError,
+    plan_buckets,
+    verify,
+)
 
 
 def named(*sizes, dtype=torch.float32):
