@@ -93,6 +93,10 @@ class RewardService:
                 raise HTTPException(404, f"items[{i}]: unknown task id {item.task_id!r}")
             if item.completion_token_ids is not None and self.tokenizer is None:
                 raise HTTPException(422, f"items[{i}]: completion_token_ids given, but the service has no tokenizer")
+            if item.completion_token_ids and max(item.completion_token_ids) >= len(self.tokenizer):
+                raise HTTPException(
+                    422, f"items[{i}]: completion_token_ids holds {max(item.completion_token_ids)}, over the vocabulary of {len(self.tokenizer)}"
+                )
             tasks.append(task)
         return tasks
 

@@ -1,6 +1,8 @@
 """The HTTP (and handle) border of the reward service: requests, responses, the app's config."""
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coderloo.tasksets.task import Task
@@ -19,7 +21,7 @@ class RewardItem(Strict):
     task: Task | None = Field(None, description="The full task; or give task_id.")
     task_id: str | None = Field(None, min_length=1, description="Id of a task in the task sets the service was configured with.")
     completion: str = Field(max_length=MAX_COMPLETION_CHARS, description="The model's completion, as text.")
-    completion_token_ids: list[int] | None = Field(
+    completion_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, max_length=MAX_TOKENS, description="The completion's token ids; per-token rewards are returned when given."
     )
 

@@ -94,6 +94,14 @@ def test_unknown_task_id_is_named(service):
     assert r.status_code == 404 and "no/such/task" in r.text
 
 
+@pytest.mark.parametrize("ids, named", [([-3], "greater than or equal to 0"), ([5, 10**6], "over the vocabulary")])
+def test_token_ids_outside_the_vocabulary_are_a_422(service, ids, named):
+    # Found by the fuzz test: a negative id reached the tokenizer and became a 500.
+    _, url = service
+    r = post(url, json.dumps({"items": [{"task_id": TASK.id, "completion": "x", "completion_token_ids": ids}]}))
+    assert r.status_code == 422 and named in r.text, r.text
+
+
 def test_size_and_batch_limits(service):
     _, url = service
     assert post(url, b'{"items": [' + b" " * 70_000 + b"]}").status_code == 413
