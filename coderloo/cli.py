@@ -16,7 +16,7 @@ def _config(args):
 def cmd_train(args) -> int:
     from coderloo.controller import train
 
-    summary = train(_config(args))
+    summary = train(_config(args), resume=args.resume)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -74,13 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=fn)
         if name == "eval":
             p.add_argument("--model", default=None, help="model directory (default: model.path)")
+        if name == "train":
+            p.add_argument(
+                "--resume", action="store_true",
+                help="continue from the latest checkpoint in train.output_dir (same config: weights, "
+                "optimizer, data order and sampling continue exactly)",
+            )
     p = sub.add_parser("tasks", help="write the synthetic suite as JSONL files")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_tasks)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except (ConfigError, FileNotFoundError) as e:
         print(f"coderloo: {e}", file=sys.stderr)
         return 2
 

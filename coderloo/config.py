@@ -75,6 +75,8 @@ class RolloutConfig(Section):
 
 
 class LearnerConfig(Section):
+    num_ranks: int = Field(default=1, ge=1, description="Learner ranks (Ray actors in one torch.distributed group; data parallel).")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu (gloo) or cuda (one GPU per rank, NCCL).")
     lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate of the RL phase.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
@@ -84,7 +86,17 @@ class LearnerConfig(Section):
         description="Optimizer steps per RL batch: the samples are split into this many mini-batches "
         "(later ones are slightly off-policy; the clipped ratio accounts for it).",
     )
-    grad_accum_steps: int = Field(default=2, ge=1, description="Micro-batches per optimizer step.")
+    max_tokens_per_micro_batch: int = Field(
+        default=6144, ge=64,
+        description="Token budget of one forward/backward pass (rows x longest sequence, padding "
+        "included); a mini-batch is packed into as many micro-batches as it needs.",
+    )
+    loss_aggregation: Literal["token_mean", "seq_mean_token_sum"] = Field(
+        default="token_mean",
+        description="token_mean: sum of token losses / tokens in the mini-batch (long completions weigh "
+        "more); seq_mean_token_sum: sum of token losses / sequences (each token weighs the same "
+        "whatever its completion's length).",
+    )
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio.")
     tis_cap: float | None = Field(
@@ -93,9 +105,36 @@ class LearnerConfig(Section):
         "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
         "learner's probabilities (null: no correction).",
     )
+    advantage_estimator: Literal["rloo", "grpo", "reinforce_pp", "reinforce"] = Field(
+        default="rloo",
+        description="rloo: leave-one-out baseline; grpo: group mean and std; reinforce_pp: group "
+        "mean baseline, batch std; reinforce: no baseline (for comparison).",
+    )
+    filter_uninformative: bool = Field(
+        default=True,
+        description="Drop prompt groups whose k rewards are all equal (no signal for a baseline "
+        "estimator); their count is logged as groups_filtered.",
+    )
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of the KL penalty to the frozen reference (0: no reference model).")
-    normalize_advantages: bool = Field(default=True, description="Scale RLOO advantages to unit std over the batch.")
+    kl_coef_final: float | None = Field(
+        default=None, ge=0, description="With kl_schedule_steps, the KL weight moves linearly from kl_coef to this."
+    )
+    kl_schedule_steps: int = Field(default=0, ge=0, description="RL steps over which the KL weight moves to kl_coef_final.")
+    kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="Per-token KL estimate: k1 = log p - log p_ref; k3 = r - 1 - log r.")
+    kl_in: Literal["loss", "reward"] = Field(
+        default="loss",
+        description="loss: a per-token penalty in the loss; reward: the summed KL of each sample is "
+        "subtracted from its reward before advantages (as RLOO in TRL and OpenRLHF).",
+    )
+    normalize_advantages: bool = Field(default=True, description="Scale advantages to unit std over the batch.")
     seed: int = Field(default=0, description="Seed of the learner.")
+
+    def kl_coef_at(self, step: int) -> float:
+        """The KL weight at RL step `step` (1-based)."""
+        if self.kl_coef_final is None or not self.kl_schedule_steps:
+            return self.kl_coef
+        frac = min(1.0, (step - 1) / self.kl_schedule_steps)
+        return self.kl_coef + (self.kl_coef_final - self.kl_coef) * frac
 
 
 class SFTConfig(Section):
@@ -143,17 +182,15 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _batches_split(self) -> "Config":
-        micro = self.learner.optimizer_steps * self.learner.grad_accum_steps
+        need = self.learner.optimizer_steps * self.learner.num_ranks
         samples = self.train.prompts_per_step * self.rollout.samples_per_prompt
-        if samples < micro:
+        if samples < need:
             raise ValueError(
                 f"train.prompts_per_step x rollout.samples_per_prompt = {samples} samples cannot fill "
-                f"learner.optimizer_steps x learner.grad_accum_steps = {micro} micro-batches"
+                f"learner.optimizer_steps x learner.num_ranks = {need} mini-batch shares"
             )
-        if self.sft.steps and self.sft.batch_size < self.learner.grad_accum_steps:
-            raise ValueError(
-                f"sft.batch_size={self.sft.batch_size} cannot fill learner.grad_accum_steps={self.learner.grad_accum_steps} micro-batches"
-            )
+        if self.sft.steps and self.sft.batch_size < self.learner.num_ranks:
+            raise ValueError(f"sft.batch_size={self.sft.batch_size} cannot be shared among learner.num_ranks={self.learner.num_ranks}")
         return self
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import ray
 import torch
 from tqdm import tqdm
 
+from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
 from coderloo.config import Config, dump_config
 from coderloo.evaluation import evaluate
 from coderloo.metrics import MetricsLog, plot_training
@@ -20,9 +22,9 @@ from coderloo.models import build_tiny_model, load_tokenizer
 from coderloo.runtime import REPO_ROOT, init_ray
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
-from learner.actor import Learner
-from learner.advantages import rloo_advantages, whiten
+from learner.advantages import compute_advantages, informative_groups, whiten
 from learner.batch import TrainSequence
+from learner.group import LearnerGroup
 from reward_service.client import RewardClient
 from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker
 
@@ -52,56 +54,87 @@ def sft_examples(tasks, tokenizer) -> list[tuple[list[int], list[int]]]:
     return examples
 
 
-def train(config: Config) -> dict:
+def generation_seed(config: Config, step: int, purpose: int) -> int:
+    """The sampling seed of one generation call: the same step of the same run draws the same
+    samples, whether or not the run was resumed in between."""
+    return (config.train.seed * 1_000_003 + step * 7919 + purpose * 104_729) % (2**31 - 1_000)
+
+
+def train(config: Config, resume: bool = False) -> dict:
     out = resolve(config.train.output_dir)
+    ckpt_root = out / "checkpoints"
+    checkpoint = latest_checkpoint(ckpt_root) if resume else None
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {ckpt_root} (nothing to resume)")
+    state = read_state(checkpoint) if checkpoint else None
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / "config.yaml")
-    metrics = MetricsLog(out / "metrics.jsonl")
-    samples_log = MetricsLog(out / "samples.jsonl")
+    metrics = MetricsLog(out / "metrics.jsonl", resume_from=state["step"] if state else None)
+    samples_log = MetricsLog(out / "samples.jsonl", resume_from=state["step"] if state else None)
     rng = random.Random(config.train.seed)
 
     # --- set-up: tasks, model, Ray actors ---
     train_tasks, eval_tasks = load_tasks(config.tasks)
+    by_id = {t.id: t for t in train_tasks}
     model_path = prepare_model(config)
     tokenizer = load_tokenizer(model_path)
     init_ray(address=config.ray_address)
     rewards_service = RewardClient(config.reward)
-    learner = Learner.remote(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr)
+    learner = LearnerGroup(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr)
     workers = [
         RolloutWorker.remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
         for i in range(config.rollout.num_workers)
     ]
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync.settings())
     try:
-        rollouts_group.connect(learner)
+        rollouts_group.connect(learner.weight_sources)
         rollout = config.rollout
         k = rollout.samples_per_prompt
         params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, stop=rollout.stop)
+
         def run_eval(stage: str, step: int) -> dict[str, float]:
             result = evaluate(
                 rollouts_group, rewards_service, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
                 temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
-                greedy=config.eval.greedy,
+                greedy=config.eval.greedy, seed=generation_seed(config, step, 1),
             )
             metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
             tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
             return result
 
-        base = run_eval("base", 0)
-
-        # --- SFT warm-up on reference solutions ---
-        examples = sft_examples(train_tasks, tokenizer)
-        for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
-            batch = rng.sample(examples, min(config.sft.batch_size, len(examples)))
-            stats = ray.get(learner.sft_step.remote(batch))
-            metrics.write("sft", step + 1, **stats)
-        if config.sft.steps:
-            rollouts_group.push()
-        after_sft = run_eval("rl", 0)
-
-        # --- RL: RLOO ---
         order: list = []
-        bar = tqdm(range(1, config.train.steps + 1), desc="rl", dynamic_ncols=True)
+        if state is None:
+            base = run_eval("base", 0)
+            # --- SFT warm-up on reference solutions ---
+            examples = sft_examples(train_tasks, tokenizer)
+            for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
+                batch = rng.sample(examples, min(config.sft.batch_size, len(examples)))
+                metrics.write("sft", step + 1, **learner.sft_step(batch))
+            if config.sft.steps:
+                rollouts_group.push()
+            after_sft = run_eval("rl", 0)
+            first_step = 1
+        else:
+            # --- resume: weights, optimizer, data cursor and generator from the checkpoint ---
+            learner.load_state(str(checkpoint))
+            rollouts_group.version = state["version"] - 1
+            rollouts_group.push()
+            rng.setstate(_to_tuple(state["rng_state"]))
+            order = [by_id[i] for i in state["order"]]
+            base, after_sft = state["evals"]["base"], state["evals"]["after_sft"]
+            first_step = state["step"] + 1
+            tqdm.write(f"resumed from {checkpoint} at RL step {state['step']}, policy version {state['version']}")
+
+        def save_checkpoint(step: int, name: str) -> None:
+            controller_state = {
+                "step": step, "version": rollouts_group.version, "order": [t.id for t in order],
+                "rng_state": rng.getstate(), "evals": {"base": base, "after_sft": after_sft},
+            }
+            write_checkpoint(ckpt_root, name, lambda d: learner.save(str(d), with_state=True), controller_state)
+
+        # --- RL ---
+        learn = config.learner
+        bar = tqdm(range(first_step, config.train.steps + 1), desc="rl", dynamic_ncols=True, initial=first_step - 1, total=config.train.steps)
         for step in bar:
             t0 = time.time()
             if len(order) < config.train.prompts_per_step:
@@ -109,7 +142,7 @@ def train(config: Config) -> dict:
             tasks, order = order[: config.train.prompts_per_step], order[config.train.prompts_per_step:]
 
             # 1. k samples per prompt, tagged with the policy version that made them
-            rollouts = rollouts_group.generate([t.prompt for t in tasks], params)
+            rollouts = rollouts_group.generate([t.prompt for t in tasks], params, seed=generation_seed(config, step, 0))
             t_gen = time.time()
 
             # 2. rewards: every program runs against its tests in the sandbox pool
@@ -117,34 +150,48 @@ def train(config: Config) -> dict:
             rewards = rewards_service.score([task for task, _ in flat], [s.text for _, s in flat])
             t_score = time.time()
 
-            # 3. RLOO advantages within each prompt's group of k
+            # 3. advantages within each prompt's group of k (the reward net of KL, if configured)
+            sequences = [TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, 0.0) for r in rollouts for s in r.samples]
             reward_matrix = torch.tensor([r.total for r in rewards]).view(len(tasks), k)
-            advantages = rloo_advantages(reward_matrix)
-            if config.learner.normalize_advantages:
-                advantages = whiten(advantages)
-            sequences = [
-                TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, float(a))
-                for r, adv_row in zip(rollouts, advantages)
-                for s, a in zip(r.samples, adv_row)
-            ]
+            kl_coef = learn.kl_coef_at(step)
+            extra = {}
+            if learn.kl_in == "reward" and kl_coef > 0:
+                seq_kl = torch.tensor(learner.sequence_kl(sequences)).view(len(tasks), k)
+                reward_matrix = reward_matrix - kl_coef * seq_kl
+                extra["kl_sequence_mean"] = float(seq_kl.mean())
+            advantages = compute_advantages(learn.advantage_estimator, reward_matrix)
+            keep = informative_groups(reward_matrix) if learn.filter_uninformative and learn.advantage_estimator != "reinforce" else torch.ones(len(tasks), dtype=torch.bool)
+            if learn.normalize_advantages and keep.any():
+                advantages[keep] = whiten(advantages[keep])
+            for i, a in enumerate(advantages.flatten().tolist()):
+                sequences[i].advantage = a
+            kept = [seq for g, group_keep in enumerate(keep.tolist()) if group_keep for seq in sequences[g * k : (g + 1) * k]]
 
             # 4. one learner step, 5. new weights to the rollout workers
-            stats = ray.get(learner.train_step.remote(sequences))
-            t_learn = time.time()
-            sync = rollouts_group.push()
+            stats: dict = {}
+            sync = {"sync_s": 0.0}
+            if len(kept) >= learn.optimizer_steps * learn.num_ranks:
+                stats = learner.train_step(kept, kl_coef if learn.kl_in == "loss" else 0.0)
+                t_learn = time.time()
+                sync = rollouts_group.push()
+            else:
+                t_learn = time.time()  # nothing to learn from: every group was uniform
             dt = time.time() - t0
 
             record = {
                 "version": rollouts_group.version,
-                "reward_mean": float(reward_matrix.mean()),
+                "reward_mean": float(torch.tensor([r.total for r in rewards]).mean()),
                 "pass_rate": sum(r.passed for r in rewards) / len(rewards),
                 "syntax_rate": sum(r.components.syntax for r in rewards) / len(rewards),
                 "completion_tokens_mean": sum(len(s.token_ids) for _, s in flat) / len(flat),
+                "groups_filtered": int((~keep).sum()),
+                "kl_coef": kl_coef,
                 "samples_per_s": len(flat) / dt,
                 "time_generate_s": t_gen - t0,
                 "time_score_s": t_score - t_gen,
                 "time_learn_s": t_learn - t_score,
                 "time_sync_s": sync["sync_s"],
+                **extra,
                 **stats,
             }
             metrics.write("rl", step, **record)
@@ -154,11 +201,17 @@ def train(config: Config) -> dict:
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
             if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
                 run_eval("rl", step)
-            if config.train.checkpoint_every and step % config.train.checkpoint_every == 0:
-                ray.get(learner.save.remote(str(out / "checkpoints" / f"step_{step}")))
+            if config.train.checkpoint_every and step % config.train.checkpoint_every == 0 and step != config.train.steps:
+                save_checkpoint(step, f"step_{step}")
 
         final = run_eval("rl", config.train.steps)
-        ray.get(learner.save.remote(str(out / "checkpoints" / "final")))
+        save_checkpoint(config.train.steps, f"step_{config.train.steps}")
+        final_link = ckpt_root / "final"
+        if final_link.is_symlink():
+            final_link.unlink()
+        elif final_link.exists():
+            shutil.rmtree(final_link)
+        final_link.symlink_to(f"step_{config.train.steps}")
         plot_training(out / "metrics.jsonl", out / "training.png")
         summary = {
             "base": base,
@@ -169,7 +222,13 @@ def train(config: Config) -> dict:
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     finally:
-        for actor in (learner, *workers):
+        learner.kill()
+        for actor in workers:
             ray.kill(actor)
         rewards_service.close()
     return summary
+
+
+def _to_tuple(value):
+    """JSON turned random.getstate()'s tuples into lists; setstate needs them back."""
+    return tuple(_to_tuple(v) for v in value) if isinstance(value, list) else value

@@ -29,11 +29,12 @@ def evaluate(
     max_new_tokens: int,
     stop: list[str],
     greedy: bool,
+    seed: int | None = None,
 ) -> dict[str, float]:
     """pass@k over `tasks` from n samples each; with `greedy`, also greedy pass@1."""
     prompts = [t.prompt for t in tasks]
     params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
-    rollouts = rollouts_group.generate(prompts, params)
+    rollouts = rollouts_group.generate(prompts, params, seed)
     pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
     rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
     correct = np.array([r.passed for r in rewards]).reshape(len(tasks), n).sum(axis=1)

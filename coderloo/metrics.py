@@ -7,10 +7,17 @@ from pathlib import Path
 
 
 class MetricsLog:
-    def __init__(self, path: str | Path):
+    """Appends JSON lines. `resume_from=step` keeps the records up to a checkpoint's RL step and
+    drops the rest (written after the checkpoint by a run that then died), so no step appears twice."""
+
+    def __init__(self, path: str | Path, resume_from: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        if resume_from is None or not self.path.exists():
+            self.path.write_text("")
+            return
+        kept = [r for r in read_metrics(self.path) if r["phase"] == "sft" or r["step"] <= resume_from]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, phase: str, step: int, **values) -> None:
         record = {"phase": phase, "step": step, "time": round(time.time(), 3), **values}

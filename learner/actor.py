@@ -1,4 +1,12 @@
-"""The DeepSpeed learner: a Ray actor that owns the policy, its optimizer and the reference model."""
+"""The DeepSpeed learner: one Ray actor per rank; the ranks form one torch.distributed group.
+
+`learner.group.LearnerGroup` creates the ranks, deals each step's micro-batches to them and
+merges their statistics. Each rank runs the same number of forward/backward passes per optimizer
+step (ZeRO reduces gradients at each backward); gradients are accumulated by us over a variable
+number of token-budget micro-batches (DeepSpeed's unmanaged gradient accumulation), and every
+loss is a sum over tokens divided by a normalizer of the whole mini-batch across ranks, so the
+gradient does not depend on how the batch was split.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,10 +17,13 @@ from pathlib import Path
 import ray
 import torch
 
-from coderloo.runtime import free_port
-from learner.batch import PackedBatch, TrainSequence, micro_batches, pack
-from learner.losses import policy_loss, sft_loss, token_logprobs
+from learner.batch import PackedBatch, TrainSequence, pack
+from learner.losses import kl_penalty, policy_loss, sft_loss, token_logprobs
 from rollout_workers.weight_sync import WeightSource
+
+# One rank's share of a step: for each mini-batch (optimizer step), its micro-batches and the
+# normalizer of the whole mini-batch (over all ranks).
+Work = list[tuple[list[list[TrainSequence]], float]]
 
 
 def named_weights(model) -> dict[str, torch.Tensor]:
@@ -27,43 +38,69 @@ def named_weights(model) -> dict[str, torch.Tensor]:
     return named
 
 
+def copy_tokenizer_files(model_path: str | Path, out: str | Path) -> None:
+    """Copy the tokenizer files as they are: re-saving through a loaded class can change them."""
+    for name in os.listdir(model_path):
+        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+            shutil.copy(Path(model_path) / name, Path(out) / name)
+
+
 @ray.remote
 class Learner(WeightSource):
-    """One rank of the policy learner (a single rank on one machine).
+    """One rank of the policy learner. `config` is a coderloo.config.LearnerConfig.
 
-    `config` is a coderloo.config.LearnerConfig; the learner knows nothing of sandboxes or HTTP.
+    Construction only records the arguments; `setup` joins the process group (all ranks at once)
+    and builds the DeepSpeed engine. The learner knows nothing of sandboxes or HTTP.
     """
 
-    def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None):
-        # Without the deepspeed launcher, DeepSpeed needs the torch.distributed rendezvous in env.
+    def __init__(self, model_path: str, config, temperature: float, rank: int = 0, world_size: int = 1):
+        self.model_path = model_path
+        self.config = config
+        self.temperature = temperature
+        self.rank = rank
+        self.world_size = world_size
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        from coderloo.runtime import free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        # Without the deepspeed launcher, DeepSpeed reads the rendezvous from the environment.
         os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
         )
         import deepspeed
 
         from coderloo.models import load_causal_lm, load_tokenizer
 
+        config = self.config
         torch.manual_seed(config.seed)
-        self.config = config
-        self.model_path = model_path
-        self.temperature = temperature
-        self.tokenizer = load_tokenizer(model_path)
+        accelerator = deepspeed.get_accelerator()
+        backend = "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id
-        model = load_causal_lm(model_path)
+        model = load_causal_lm(self.model_path)
         self.reference = None
-        if config.kl_coef > 0:
-            self.reference = load_causal_lm(model_path).eval().requires_grad_(False)
+        if config.kl_coef > 0 or (config.kl_coef_final or 0) > 0:
+            self.reference = load_causal_lm(self.model_path).eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # batches are packed by us; the count is informational
-            "gradient_accumulation_steps": config.grad_accum_steps,
+            "gradient_accumulation_steps": 1,
+            # We own the accumulation boundary: backward() accumulates, step() reduces and updates.
+            "managed_gradient_accumulation": False,
             "gradient_clipping": config.max_grad_norm,
             "zero_optimization": {"stage": config.zero_stage},
             "bf16": {"enabled": config.dtype == "bfloat16"},
             "steps_per_print": 10**9,
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        self.sft_lr = sft_lr
+        if self.reference is not None:
+            self.reference.to(self.engine.device)
         self.grad_norm: float | None = None
 
     def _set_lr(self, lr: float) -> None:
@@ -71,91 +108,101 @@ class Learner(WeightSource):
             group["lr"] = lr
 
     def _logprobs(self, model, batch: PackedBatch) -> torch.Tensor:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return token_logprobs(logits, batch.input_ids, self.temperature)
+        device = self.engine.device
+        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        return token_logprobs(logits, batch.input_ids.to(device), self.temperature).float().cpu()
 
-    def train_step(self, sequences: list[TrainSequence]) -> dict[str, float]:
-        """Policy-gradient updates over one batch of samples.
+    def train_step(self, work: Work, kl_coef: float = 0.0) -> dict[str, float]:
+        """Policy-gradient updates: one optimizer step per mini-batch of `work`.
 
-        The batch is split into `optimizer_steps` mini-batches, each one optimizer step of
-        `grad_accum_steps` micro-batches. Mini-batches after the first are slightly off-policy;
-        the clipped ratio against the learner's logprobs at the start of the step accounts for
-        it, and truncated importance sampling for the sampler's own difference (see policy_loss).
+        Mini-batches after the first are slightly off-policy; the clipped ratio against the
+        learner's logprobs at the start of the step accounts for it, and truncated importance
+        sampling for the sampler's own difference (see policy_loss).
         """
         self._set_lr(self.config.lr)
         self.engine.train()
-        totals: dict[str, float] = {}
-        count = self.config.optimizer_steps * self.config.grad_accum_steps
-        chunks = [
-            pack(chunk, self.pad_id)
-            for mini in micro_batches(sequences, self.config.optimizer_steps)
-            for chunk in micro_batches(mini, self.config.grad_accum_steps)
-        ]
+        minis = [([pack(m, self.pad_id) for m in micros], normalizer) for micros, normalizer in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
         with torch.no_grad():
-            old = [self._logprobs(self.engine, batch) for batch in chunks]
-        diffs = torch.cat([((o - b.old_logprobs).abs())[b.completion_mask.bool()] for o, b in zip(old, chunks)])
-        for batch, old_logprobs in zip(chunks, old):
-            logprobs = self._logprobs(self.engine, batch)
-            ref_logprobs = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logprobs = self._logprobs(self.reference, batch)
-            loss, stats = policy_loss(
-                logprobs,
-                old_logprobs,
-                batch.advantages,
-                batch.completion_mask,
-                clip_eps=self.config.clip_eps,
-                ref_logprobs=ref_logprobs,
-                kl_coef=self.config.kl_coef,
-                sampler_logprobs=batch.old_logprobs,
-                tis_cap=self.config.tis_cap,
-            )
-            self.engine.backward(loss)
+            old = [[self._logprobs(self.engine, b) for b in micros] for micros, _ in minis]
+        diffs = torch.cat(
+            [(o - b.old_logprobs).abs()[b.completion_mask.bool()] for (micros, _), olds in zip(minis, old) for b, o in zip(micros, olds)]
+        )
+        totals: dict[str, float] = {}
+        passes = sum(len(micros) for micros, _ in minis)
+        for (micros, normalizer), olds in zip(minis, old):
+            for batch, old_logprobs in zip(micros, olds):
+                logprobs = self._logprobs(self.engine, batch)
+                ref_logprobs = None
+                if self.reference is not None and kl_coef > 0 and self.config.kl_in == "loss":
+                    with torch.no_grad():
+                        ref_logprobs = self._logprobs(self.reference, batch)
+                loss, stats = policy_loss(
+                    logprobs,
+                    old_logprobs,
+                    batch.advantages,
+                    batch.completion_mask,
+                    clip_eps=self.config.clip_eps,
+                    ref_logprobs=ref_logprobs,
+                    kl_coef=kl_coef,
+                    kl_estimator=self.config.kl_estimator,
+                    sampler_logprobs=batch.old_logprobs,
+                    tis_cap=self.config.tis_cap,
+                    # DeepSpeed averages gradients over ranks: scale so that they sum instead.
+                    normalizer=normalizer / self.world_size,
+                )
+                self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
+                stats["loss"] = loss.item()
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value / passes
             self._step()
-            stats["loss"] = loss.item()
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + value / count
         totals["grad_norm"] = self.grad_norm
-        totals["sampler_logprob_diff_mean"] = diffs.mean().item() if diffs.numel() else 0.0
+        totals["sampler_logprob_diff_sum"] = diffs.sum().item()
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
+        totals["tokens"] = float(diffs.numel())
         return totals
 
-    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
-        """One optimizer step of next-token loss on (prompt_ids, completion_ids) pairs."""
-        self._set_lr(self.sft_lr or self.config.lr)
+    def sequence_kl(self, micros: list[list[TrainSequence]]) -> list[list[float]]:
+        """Per sequence, the sum over its completion tokens of the KL estimate to the reference."""
+        out = []
+        with torch.no_grad():
+            for seqs in micros:
+                batch = pack(seqs, self.pad_id)
+                kl = kl_penalty(self._logprobs(self.engine, batch), self._logprobs(self.reference, batch), self.config.kl_estimator)
+                out.append((kl * batch.completion_mask).sum(dim=1).tolist())
+        return out
+
+    def sft_step(self, work: Work, lr: float) -> dict[str, float]:
+        """One optimizer step of next-token loss on the reference completions of `work`."""
+        self._set_lr(lr)
         self.engine.train()
-        # micro_batches refuses fewer examples than micro-batches: DeepSpeed steps the optimizer only
-        # every grad_accum_steps micro-batches, and a short step would leak into the next one.
-        chunks = micro_batches(examples, self.config.grad_accum_steps)
         total = 0.0
-        for chunk in chunks:
-            seqs = [TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in chunk]
-            batch = pack(seqs, self.pad_id)
-            loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask)
-            self.engine.backward(loss)
+        for micros, normalizer in work:
+            for seqs in micros:
+                batch = pack(seqs, self.pad_id)
+                loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask, normalizer / self.world_size)
+                self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
+                total += loss.item() / self.world_size
             self._step()
-            total += loss.item() / len(chunks)
-        return {"sft_loss": total, "grad_norm": self.grad_norm}
+        return {"sft_loss_sum": total, "grad_norm": self.grad_norm}
 
     def _step(self) -> None:
-        """engine.step(), recording the gradient norm (before clipping) at an optimizer step."""
-        if self.engine.is_gradient_accumulation_boundary():
-            # ZeRO-2/3 optimizers report the norm of their partitioned gradients; with a plain
-            # optimizer (ZeRO 0/1) the gradients are whole here and we measure them ourselves.
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-            own = float(torch.nn.utils.get_total_norm(grads)) if grads else None
-            self.engine.step()
-            reported = self.engine.get_global_grad_norm()
-            self.grad_norm = float(reported) if reported is not None else own
-        else:
-            self.engine.step()
+        """engine.step() (the accumulation boundary), recording the gradient norm before clipping."""
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        own = float(torch.nn.utils.get_total_norm(grads)) if grads and self.world_size == 1 else None
+        self.engine.step()
+        # ZeRO optimizers report the norm of the reduced gradients; with a plain optimizer on
+        # one rank the gradients are whole before the step and we measured them ourselves.
+        reported = self.engine.get_global_grad_norm()
+        self.grad_norm = float(reported) if reported is not None else own
 
     def _whole_parameters(self):
-        """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights."""
+        """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights.
+
+        A collective: every rank must enter it together.
+        """
         if self.config.zero_stage == 3:
             import deepspeed
 
@@ -163,9 +210,9 @@ class Learner(WeightSource):
         return contextlib.nullcontext()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A copy of the whole weights (tests and checkpoints read them)."""
+        """A copy of the whole weights (tests compare ranks and runs with it)."""
         with self._whole_parameters():
-            return {name: t.clone() for name, t in named_weights(self.engine.module).items()}
+            return {name: t.detach().cpu().clone() for name, t in named_weights(self.engine.module).items()}
 
     @contextlib.contextmanager
     def weights_for_sync(self):
@@ -173,13 +220,20 @@ class Learner(WeightSource):
         with self._whole_parameters():
             yield named_weights(self.engine.module)
 
-    def save(self, path: str) -> str:
-        """Save the policy in Hugging Face format, loadable by `coderloo eval` and by vLLM."""
+    def save(self, path: str, with_state: bool = False) -> str:
+        """Save the policy in Hugging Face format (loadable by `coderloo eval` and by vLLM); with
+        `with_state`, also DeepSpeed's state (optimizer, ZeRO partitions) under `path/deepspeed`."""
         Path(path).mkdir(parents=True, exist_ok=True)
         with self._whole_parameters():
-            self.engine.module.save_pretrained(path, safe_serialization=True)
-        # Copy the tokenizer files as they are: re-saving through a loaded class can change them.
-        for name in os.listdir(self.model_path):
-            if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
-                shutil.copy(Path(self.model_path) / name, Path(path) / name)
+            if self.rank == 0:
+                self.engine.module.save_pretrained(path, safe_serialization=True)
+                copy_tokenizer_files(self.model_path, path)
+        if with_state:
+            self.engine.save_checkpoint(str(Path(path) / "deepspeed"), tag="state")
         return path
+
+    def load_state(self, path: str) -> None:
+        """Restore weights and optimizer state saved by `save(path, with_state=True)`."""
+        load_path, _ = self.engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state")
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed state under {path}/deepspeed")

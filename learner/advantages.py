@@ -1,21 +1,86 @@
-"""Advantage estimators: pure functions of reward tensors."""
+"""Advantage estimators: pure functions of reward tensors.
+
+Every estimator takes `rewards` of shape [G, k] (G prompt groups, the k samples of one prompt
+share a row) and returns advantages of the same shape, one per sample.
+"""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 
-def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """REINFORCE leave-one-out: A_i = r_i - mean(r_j, j != i), per group.
-
-    `rewards` has shape [num_groups, k]: the k samples of one prompt share a row.
-    """
+def _check_groups(rewards: torch.Tensor, min_k: int = 1) -> None:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape [num_groups, k], got {tuple(rewards.shape)}")
+    if rewards.shape[1] < min_k:
+        raise ValueError(f"this estimator needs at least {min_k} samples per prompt, got k={rewards.shape[1]}")
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE leave-one-out: A_i = r_i - mean(r_j, j != i), per group (needs k >= 2)."""
+    _check_groups(rewards, min_k=2)
     k = rewards.shape[1]
-    if k < 2:
-        raise ValueError(f"RLOO needs at least 2 samples per prompt, got k={k}")
     baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (k - 1)
     return rewards - baseline
+
+
+def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: A_i = (r_i - mean_g) / (std_g + eps), per group.
+
+    std_g is the unbiased (Bessel-corrected, divide by k - 1) group std, as in TRL's GRPOTrainer
+    (`torch.Tensor.std` default, scale_rewards="group"). A group of equal rewards gets 0.
+    """
+    _check_groups(rewards, min_k=2)
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True, unbiased=True)
+    return (rewards - mean) / (std + eps)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ with baseline (OpenRLHF's "reinforce_baseline").
+
+    Subtract the group mean, then divide by the std of those centred values over the whole
+    batch (biased: divide by G * k, as OpenRLHF's batch normalisation). The batch mean of the
+    centred values is already 0, so no second mean is subtracted.
+    """
+    _check_groups(rewards)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    return centred / (centred.std(unbiased=False) + eps)
+
+
+def reinforce_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Plain REINFORCE, no baseline: A_i = r_i (a copy), for comparison."""
+    _check_groups(rewards)
+    return rewards.clone()
+
+
+ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "rloo": rloo_advantages,
+    "grpo": grpo_advantages,
+    "reinforce_pp": reinforce_pp_advantages,
+    "reinforce": reinforce_advantages,
+}
+
+
+def compute_advantages(estimator: str, rewards: torch.Tensor) -> torch.Tensor:
+    """Advantages of `rewards` [G, k] by the estimator registered under `estimator`."""
+    try:
+        fn = ESTIMATORS[estimator]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; valid: {', '.join(sorted(ESTIMATORS))}"
+        ) from None
+    return fn(rewards)
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """Bool [G]: True where a group's k rewards are not all equal.
+
+    A group of equal rewards gives zero advantage under every baseline estimator: no signal.
+    """
+    _check_groups(rewards)
+    return (rewards != rewards[:, :1]).any(dim=1)
 
 
 def whiten(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -49,16 +49,3 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
         old_logprobs[row, start:end] = torch.tensor(seq.old_logprobs)
     advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
     return PackedBatch(input_ids, attention_mask, completion_mask, old_logprobs, advantages)
-
-
-def micro_batches(sequences: list, count: int) -> list[list]:
-    """Split into `count` near-equal consecutive chunks (gradient accumulation steps)."""
-    if not 1 <= count <= len(sequences):
-        raise ValueError(f"cannot split {len(sequences)} sequences into {count} micro-batches")
-    size, extra = divmod(len(sequences), count)
-    chunks, start = [], 0
-    for i in range(count):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(sequences[start:end])
-        start = end
-    return chunks

@@ -18,6 +18,20 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from the sampled tokens' logprobs.
+
+    k1 = log p - log p_ref (unbiased, can be negative per token); k3 = r - 1 - log r with
+    r = p_ref / p (unbiased, always >= 0, lower variance; Schulman's estimator).
+    """
+    delta = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -delta
+    if estimator == "k3":
+        return torch.exp(delta) - delta - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}: expected 'k1' or 'k3'")
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -28,6 +42,8 @@ def policy_loss(
     kl_coef: float = 0.0,
     sampler_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    kl_estimator: str = "k3",
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over completion tokens, with an optional KL penalty.
 
@@ -39,8 +55,13 @@ def policy_loss(
     from the sampler (another engine, maybe older weights), whose logprobs differ; with
     `sampler_logprobs` and `tis_cap`, each token's loss is weighted by the truncated importance
     ratio min(p_old / p_sampler, tis_cap) (truncated importance sampling), which corrects that
-    mismatch without letting a rare token's weight explode. The loss is the mean over all
-    completion tokens in the batch. KL uses the k3 estimator (unbiased, >= 0).
+    mismatch without letting a rare token's weight explode.
+
+    The loss is the sum of the per-token terms divided by `normalizer`: by default the number of
+    completion tokens in this batch (token mean). A learner that splits a mini-batch into
+    micro-batches passes the mini-batch's normalizer (its token count for the token mean, its
+    sequence count for the sequence mean of token sums) so that the sum of micro-batch losses is
+    the mini-batch's loss. The KL penalty to the reference uses `kl_estimator` (see kl_penalty).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
@@ -62,14 +83,17 @@ def policy_loss(
         stats["tis_truncated_fraction"] = masked_mean((raw > tis_cap).to(mask.dtype), mask).item()
     stats["pg_loss"] = masked_mean(per_token, mask).item()
     if ref_logprobs is not None and kl_coef > 0:
-        delta = ref_logprobs - logprobs
-        kl = torch.exp(delta) - delta - 1.0
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
         per_token = per_token + kl_coef * kl
         stats["kl"] = masked_mean(kl, mask).item()
-    loss = masked_mean(per_token, mask)
+    denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    loss = (per_token * mask).sum() / denominator
     return loss, stats
 
 
-def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Negative log-likelihood of the masked (completion) tokens."""
-    return -masked_mean(logprobs, mask.to(logprobs.dtype))
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
+    """Negative log-likelihood of the masked (completion) tokens, divided by `normalizer`
+    (default: their count, the token mean)."""
+    mask = mask.to(logprobs.dtype)
+    denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    return -(logprobs * mask).sum() / denominator

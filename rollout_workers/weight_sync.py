@@ -176,10 +176,14 @@ class WeightSource:
         with self.weights_for_sync() as named:
             return plan_buckets(named.items(), bucket_bytes)
 
-    def send_weights(self, plan: BucketPlan) -> dict:
-        if self._sync_group is None:
-            raise WeightSyncError("no weight-sync group: open it before sending")
+    def send_weights(self, plan: BucketPlan, send_them: bool = True) -> dict:
+        """Broadcast the weights; with `send_them` false (learner ranks > 0), only take part in
+        gathering them (a collective under ZeRO-3)."""
         with self.weights_for_sync() as named:
+            if not send_them:
+                return {"bytes": 0}
+            if self._sync_group is None:
+                raise WeightSyncError("no weight-sync group: open it before sending")
             return send(self._sync_group, plan, named, self._sync_device)
 
 

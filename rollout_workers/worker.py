@@ -28,7 +28,11 @@ class RolloutWorker:
             raise ValueError(f"unknown rollout backend {backend!r}: expected 'vllm' or 'transformers'")
         self.version = 0
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[PromptRollout]:
+    def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
+        """Samples for `prompts`; with `seed`, the engine's generator is reseeded first, so that the
+        same weights, prompts and seed give the same samples whatever ran before (exact resume)."""
+        if seed is not None:
+            self.backend.reseed(seed)
         return self.backend.generate(prompts, params, self.version)
 
     def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:

@@ -32,7 +32,9 @@ def test_overrides_are_typed_and_nested():
         ("rollout.backend=tgi", "rollout.backend", "'vllm' or 'transformers'"),
         ("eval.k=[1,16]", "eval", "each k must be between 1 and samples_per_task=8"),
         ("tasks.train_set=mbpp", "tasks", "train_path is required"),
-        ("learner.grad_accum_steps=512", "config", "cannot fill learner.optimizer_steps x learner.grad_accum_steps = 1024"),
+        ("learner.num_ranks=512", "config", "cannot fill learner.optimizer_steps x learner.num_ranks = 1024"),
+        ("learner.advantage_estimator=ppo", "learner.advantage_estimator", "'rloo', 'grpo', 'reinforce_pp' or 'reinforce'"),
+        ("rollout.weight_sync.transport=mpi", "rollout.weight_sync.transport", "'gloo' or 'nccl'"),
     ],
 )
 def test_invalid_field_is_named_with_its_reason(override, field, reason):
@@ -58,3 +60,9 @@ def test_cli_rejects_invalid_config_before_starting(capsys):
 
     assert main(["train", "--config", "configs/default.yaml", "learner.clip_eps=2"]) == 2
     assert "learner.clip_eps: Input should be less than 1" in capsys.readouterr().err
+
+
+def test_kl_schedule_is_linear_then_flat():
+    config = load_config(None, ["learner.kl_coef=0.1", "learner.kl_coef_final=0.0", "learner.kl_schedule_steps=10"])
+    assert [round(config.learner.kl_coef_at(s), 3) for s in (1, 6, 11, 50)] == [0.1, 0.05, 0.0, 0.0]
+    assert load_config(None, ["learner.kl_coef=0.2"]).learner.kl_coef_at(99) == 0.2

@@ -1,5 +1,5 @@
-"""The DeepSpeed learner at each ZeRO stage: steps change the weights, and the weights it publishes
-are whole (ZeRO-3 partitions them)."""
+"""The DeepSpeed learner at each ZeRO stage and with two ranks: steps change the weights, the
+weights it publishes are whole (ZeRO-3 partitions them), and ranks stay identical."""
 import pytest
 import ray
 import torch
@@ -8,31 +8,36 @@ from coderloo.config import LearnerConfig
 from coderloo.controller import sft_examples
 from coderloo.models import load_causal_lm, load_tokenizer
 from coderloo.tasksets.synthetic import synthetic_suite
-from learner.actor import Learner
 from learner.batch import TrainSequence
+from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+def batch(tiny_model, count=8):
+    examples = sft_examples(synthetic_suite()["train"][:count], load_tokenizer(tiny_model))
+    sequences = [TrainSequence(p, c, [-1.0] * len(c), 1.0 if i % 2 else -1.0) for i, (p, c) in enumerate(examples)]
+    return examples, sequences
+
+
+@pytest.mark.parametrize("stage", [1, 3])
 def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, stage):
-    config = LearnerConfig(zero_stage=stage, grad_accum_steps=2, optimizer_steps=2, kl_coef=0.1)
-    learner = Learner.remote(str(tiny_model), config, 1.0, sft_lr=1e-3)
+    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256)
+    learner = LearnerGroup(str(tiny_model), config, 1.0, sft_lr=1e-3)
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
     try:
-        examples = sft_examples(synthetic_suite()["train"][:8], load_tokenizer(tiny_model))
-        stats = ray.get(learner.sft_step.remote(examples))
+        examples, sequences = batch(tiny_model)
+        stats = learner.sft_step(examples)
         assert stats["grad_norm"] > 0 and stats["sft_loss"] > 0
-        sequences = [TrainSequence(p, c, [-1.0] * len(c), 1.0 if i % 2 else -1.0) for i, (p, c) in enumerate(examples)]
-        stats = ray.get(learner.train_step.remote(sequences))
+        stats = learner.train_step(sequences, kl_coef=0.1)
         assert stats["grad_norm"] > 0 and "kl" in stats
-        published = ray.get(learner.state_dict.remote())
+        published = learner.state_dicts()[0]
         # The push gathers whole weights too: the worker checks every bucket's sum on arrival.
         group = RolloutGroup([worker])
-        group.connect(learner)
+        group.connect(learner.weight_sources)
         group.push()
         assert ray.get(worker.get_version.remote()) == 1
     finally:
-        ray.kill(learner)
+        learner.kill()
         ray.kill(worker)
     initial = load_causal_lm(tiny_model).state_dict()
     assert set(initial) <= set(published)
@@ -40,3 +45,27 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
         assert published[name].shape == tensor.shape, name
     assert any(not torch.equal(published[n], initial[n]) for n in initial)
     assert torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
+
+
+def test_two_ranks_zero2_stay_identical_and_match_one_rank(ray_cluster, tiny_model):
+    """Two data-parallel ranks (gloo, ZeRO-2) after three steps: the same weights on both ranks,
+    and the same weights as one rank given the whole batch (the loss normalizer spans ranks)."""
+    _, sequences = batch(tiny_model, count=12)
+    results = {}
+    for ranks in (2, 1):
+        config = LearnerConfig(num_ranks=ranks, zero_stage=2, optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=200)
+        learner = LearnerGroup(str(tiny_model), config, 1.0)
+        try:
+            for _ in range(3):
+                stats = learner.train_step(sequences)
+            results[ranks] = (learner.state_dicts(), stats)
+        finally:
+            learner.kill()
+    (rank0, rank1), stats2 = results[2]
+    (single,), stats1 = results[1]
+    initial = load_causal_lm(tiny_model).state_dict()
+    for name in initial:
+        assert torch.equal(rank0[name], rank1[name]), f"{name} differs between ranks"
+        assert torch.allclose(rank0[name], single[name], atol=1e-5), f"{name}: 2 ranks differ from 1 rank"
+    assert any(not torch.allclose(rank0[n], initial[n]) for n in initial)
+    assert stats2["tokens"] == stats1["tokens"]  # the two ranks together saw every token once

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from learner.advantages import rloo_advantages, whiten
-from learner.batch import TrainSequence, micro_batches, pack
+from learner.batch import TrainSequence, pack
+from learner.packing import deal_to_ranks, pack_by_tokens, split_even
 from learner.losses import policy_loss, sft_loss, token_logprobs
 
 
@@ -118,8 +119,50 @@ def test_pack_rejects_misaligned_logprobs():
         pack([TrainSequence([1], [2, 3, 4], [0.0, 0.0], 0.0)], pad_id=0)
 
 
-def test_micro_batches_cover_everything_in_order():
-    chunks = micro_batches(list(range(7)), 3)
+def test_split_even_covers_everything_in_order():
+    chunks = split_even(list(range(7)), 3)
     assert chunks == [[0, 1, 2], [3, 4], [5, 6]]
     with pytest.raises(ValueError):
-        micro_batches([1], 2)
+        split_even([1], 2)
+
+
+def test_pack_by_tokens_respects_the_budget_counting_padding():
+    lengths = [10, 50, 20, 20, 5, 45]
+    bins = pack_by_tokens(lengths, max_tokens=100)
+    assert sorted(i for b in bins for i in b) == list(range(6))
+    assert all(len(b) * max(lengths[i] for i in b) <= 100 for b in bins)
+    assert len(bins) == 2  # [50, 45] and [20, 20, 10, 5]
+    assert pack_by_tokens([300, 1], max_tokens=100) == [[0], [1]]  # too long for the budget: alone
+
+
+def test_deal_to_ranks_gives_every_rank_the_same_number_of_passes():
+    lengths = [30, 30, 30, 8, 8, 8, 8]
+    ranks = deal_to_ranks(lengths, max_tokens=60, world_size=2)
+    assert len(ranks[0]) == len(ranks[1])
+    assert sorted(i for r in ranks for m in r for i in m) == list(range(7))
+    with pytest.raises(ValueError, match="3 sequences cannot be shared among 4"):
+        deal_to_ranks([1, 2, 3], 100, 4)
+
+
+def test_token_normalizer_makes_micro_batch_losses_add_up_to_the_whole():
+    # The sum of micro-batch losses with the mini-batch's normalizer equals the loss of the whole.
+    torch.manual_seed(0)
+    lp = torch.randn(4, 6)
+    mask = (torch.rand(4, 6) > 0.3).float()
+    adv = torch.randn(4)
+    whole, _ = policy_loss(lp, lp, adv, mask, 0.2)
+    parts = [policy_loss(lp[i:i + 2], lp[i:i + 2], adv[i:i + 2], mask[i:i + 2], 0.2, normalizer=mask.sum().item())[0] for i in (0, 2)]
+    assert torch.allclose(sum(parts), whole)
+    per_seq, _ = policy_loss(lp, lp, adv, mask, 0.2, normalizer=4.0)  # sequence mean of token sums
+    assert torch.allclose(per_seq, -(adv[:, None] * mask).sum() / 4)
+
+
+def test_kl_estimators():
+    from learner.losses import kl_penalty
+
+    lp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    assert torch.allclose(kl_penalty(lp, ref, "k1"), lp - ref)
+    d = ref - lp
+    assert torch.allclose(kl_penalty(lp, ref, "k3"), torch.exp(d) - d - 1)
+    with pytest.raises(ValueError, match="unknown KL estimator 'k2'"):
+        kl_penalty(lp, ref, "k2")

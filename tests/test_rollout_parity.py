@@ -65,7 +65,7 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
     group = RolloutGroup([vllm_worker, hf_worker], SyncSettings("gloo", bucket_bytes=256 << 10, timeout_s=60))
     previous = None
     try:
-        group.connect(source)
+        group.connect([source])
         assert len(group._plan.buckets) > 4
         for version in (1, 2, 3):
             ray.get(source.perturb.remote(0.3))
@@ -113,7 +113,7 @@ def test_a_silent_sender_times_out_and_the_version_stays(ray_cluster, tiny_model
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
     group = RolloutGroup([worker], SyncSettings("gloo", timeout_s=3))
     try:
-        group.connect(source)
+        group.connect([source])
         with pytest.raises(WeightSyncTimeout, match="pushing weights version 1: worker 0: WeightSyncTimeout"):
             group.push()
         assert group.version == 0 and ray.get(worker.get_version.remote()) == 0
@@ -127,7 +127,7 @@ def test_a_dead_worker_fails_the_push_by_name(ray_cluster, tiny_model):
     workers = [RolloutWorker.remote(str(tiny_model), "transformers", threads=1) for _ in range(2)]
     group = RolloutGroup(workers, SyncSettings("gloo", timeout_s=10))
     try:
-        group.connect(source)
+        group.connect([source])
         group.push()
         ray.kill(workers[1])
         with pytest.raises(WeightSyncError, match="pushing weights version 2: worker 1 died"):

@@ -1,0 +1,102 @@
+"""The learner's ranks as one object: create them, split each step among them, merge statistics."""
+from __future__ import annotations
+
+import ray
+
+from learner.actor import Learner, Work
+from learner.batch import TrainSequence
+from learner.packing import deal_to_ranks, split_even
+
+
+class LearnerGroup:
+    """`config.num_ranks` Learner actors forming one torch.distributed group (gloo on CPU, NCCL on GPU).
+
+    Rank 0 is the weight source of the rollout group (the other ranks join ZeRO-3's gathers).
+    """
+
+    def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None):
+        self.config = config
+        self.sft_lr = sft_lr or config.lr
+        n = config.num_ranks
+        options = {"num_gpus": 1} if config.device == "cuda" else {}
+        self.ranks = [Learner.options(**options).remote(model_path, config, temperature, rank, n) for rank in range(n)]
+        addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
+        # Every rank joins the group at once (init blocks until all have).
+        ray.get([r.setup.remote(addr, port) for r in self.ranks])
+
+    # --- splitting work ---
+
+    def _deal(self, sequences: list[TrainSequence], mini_batches: int, per_token: bool) -> list[Work]:
+        """Each rank's micro-batches of each mini-batch, with the mini-batch's normalizer."""
+        work: list[Work] = [[] for _ in self.ranks]
+        for mini in split_even(sequences, mini_batches):
+            lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mini]
+            normalizer = float(sum(len(s.completion_ids) for s in mini)) if per_token else float(len(mini))
+            for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))):
+                work[rank].append(([[mini[i] for i in m] for m in micros], normalizer))
+        return work
+
+    # --- steps ---
+
+    def train_step(self, sequences: list[TrainSequence], kl_coef: float = 0.0) -> dict[str, float]:
+        per_token = self.config.loss_aggregation == "token_mean"
+        work = self._deal(sequences, self.config.optimizer_steps, per_token)
+        results = ray.get([r.train_step.remote(w, kl_coef) for r, w in zip(self.ranks, work)])
+        return merge_stats(results)
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """One optimizer step of next-token loss (token mean) on (prompt ids, completion ids) pairs."""
+        sequences = [TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in examples]
+        work = self._deal(sequences, 1, per_token=True)
+        results = ray.get([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)])
+        return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"]}
+
+    def sequence_kl(self, sequences: list[TrainSequence]) -> list[float]:
+        """Per sequence, the summed KL estimate to the reference (for a KL penalty in the reward)."""
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
+        dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))
+        results = ray.get([r.sequence_kl.remote([[sequences[i] for i in m] for m in micros]) for r, micros in zip(self.ranks, dealt)])
+        out = [0.0] * len(sequences)
+        for micros, values in zip(dealt, results):
+            for m, vs in zip(micros, values):
+                for i, v in zip(m, vs):
+                    out[i] = v
+        return out
+
+    # --- weights and state ---
+
+    @property
+    def weight_sources(self) -> list:
+        """For RolloutGroup.connect: rank 0 sends; the others take part in ZeRO-3's gathers."""
+        return self.ranks
+
+    def state_dicts(self) -> list[dict]:
+        return ray.get([r.state_dict.remote() for r in self.ranks])
+
+    def save(self, path: str, with_state: bool = False) -> None:
+        ray.get([r.save.remote(path, with_state) for r in self.ranks])
+
+    def load_state(self, path: str) -> None:
+        ray.get([r.load_state.remote(path) for r in self.ranks])
+
+    def kill(self) -> None:
+        for r in self.ranks:
+            ray.kill(r)
+
+
+def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
+    """Means over ranks, except sums and maxima that are merged as such."""
+    merged = {}
+    for key in results[0]:
+        values = [r[key] for r in results if r.get(key) is not None]
+        if not values:
+            merged[key] = None
+        elif key.endswith("_max"):
+            merged[key] = max(values)
+        elif key.endswith("_sum") or key == "tokens":
+            merged[key] = sum(values)
+        else:
+            merged[key] = sum(values) / len(values)
+    merged["sampler_logprob_diff_mean"] = merged.pop("sampler_logprob_diff_sum") / max(merged["tokens"], 1.0)
+    merged["grad_norm"] = results[0]["grad_norm"]
+    return merged
