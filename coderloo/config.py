@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from coderloo.curriculum import CurriculumConfig
 from coderloo.models import TinyModelSpec
 from reward_service.schemas import ServiceConfig
 
@@ -71,6 +72,11 @@ class RolloutConfig(Section):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("], description="Stop sequences.")
     threads: int = Field(default=2, ge=1, description="CPU threads of each worker's engine (CPU runs only).")
+    temperature_schedule: list[tuple[int, float]] | None = Field(
+        default=None,
+        description="(RL step, temperature) points; the sampling temperature moves linearly between them "
+        "and stays at the last one (e.g. [[1, 0.9], [150, 0.1]]). None: `temperature` throughout.",
+    )
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="How new weights reach the engines.")
 
 
@@ -164,6 +170,12 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
     output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
     seed: int = Field(default=0, description="Seed of task sampling.")
+    max_staleness: int = Field(
+        default=1, ge=0,
+        description="How many steps generation may run ahead of the learner: 0 is synchronous (generate, "
+        "score, train, push); 1 generates step t+1 while the learner trains on step t. Samples are "
+        "then up to this many policy versions old; truncated importance sampling corrects for it.",
+    )
 
 
 class Config(Section):
@@ -177,6 +189,7 @@ class Config(Section):
         description="The reward service: component weights, its sandbox pool and limits, replicas.",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Prompt selection by running pass rate.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")
 

@@ -8,6 +8,8 @@ import json
 import random
 import shutil
 import time
+from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -16,7 +18,9 @@ from tqdm import tqdm
 
 from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
 from coderloo.config import Config, dump_config
+from coderloo.curriculum import Curriculum
 from coderloo.evaluation import evaluate
+from coderloo.pipeline import RolloutJob
 from coderloo.metrics import MetricsLog, plot_training
 from coderloo.models import build_tiny_model, load_tokenizer
 from coderloo.runtime import REPO_ROOT, init_ray
@@ -26,7 +30,7 @@ from learner.advantages import compute_advantages, informative_groups, whiten
 from learner.batch import TrainSequence
 from learner.group import LearnerGroup
 from reward_service.client import RewardClient
-from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker
+from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker, WeightSyncError
 
 
 def resolve(path: str) -> Path:
@@ -60,6 +64,32 @@ def generation_seed(config: Config, step: int, purpose: int) -> int:
     return (config.train.seed * 1_000_003 + step * 7919 + purpose * 104_729) % (2**31 - 1_000)
 
 
+class TemperatureSchedule:
+    """The sampling temperature at an RL step: constant, or piecewise linear between
+    (step, temperature) points (RLlib's PiecewiseSchedule)."""
+
+    def __init__(self, constant: float, points: list[tuple[int, float]] | None):
+        self.constant = constant
+        self.schedule = None
+        if points:
+            from ray.rllib.utils.schedules import PiecewiseSchedule
+
+            self.schedule = PiecewiseSchedule(points, outside_value=points[-1][1], framework=None)
+
+    def __call__(self, step: int) -> float:
+        return self.constant if self.schedule is None else float(self.schedule.value(step))
+
+
+def push_weights(rollouts_group: RolloutGroup) -> dict:
+    """Push the learner's weights; if a worker died during the push, wait for it and push again."""
+    try:
+        return rollouts_group.push()
+    except WeightSyncError as e:
+        tqdm.write(f"weight push failed ({e}); recovering the rollout workers")
+        rollouts_group.recover()
+        return rollouts_group.push()
+
+
 def train(config: Config, resume: bool = False) -> dict:
     out = resolve(config.train.output_dir)
     ckpt_root = out / "checkpoints"
@@ -82,7 +112,8 @@ def train(config: Config, resume: bool = False) -> dict:
     rewards_service = RewardClient(config.reward)
     learner = LearnerGroup(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr)
     workers = [
-        RolloutWorker.remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
+        # Ray restarts a worker that dies; RolloutGroup.recover brings it back into the weight group.
+        RolloutWorker.options(max_restarts=-1).remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
         for i in range(config.rollout.num_workers)
     ]
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync.settings())
@@ -102,7 +133,9 @@ def train(config: Config, resume: bool = False) -> dict:
             tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
             return result
 
+        curriculum = Curriculum(train_tasks, config.curriculum, rng)
         order: list = []
+        pending_tasks: list[list[str]] = []  # tasks of steps in flight at the checkpoint (redone on resume)
         if state is None:
             base = run_eval("base", 0)
             # --- SFT warm-up on reference solutions ---
@@ -115,48 +148,73 @@ def train(config: Config, resume: bool = False) -> dict:
             after_sft = run_eval("rl", 0)
             first_step = 1
         else:
-            # --- resume: weights, optimizer, data cursor and generator from the checkpoint ---
+            # --- resume: weights, optimizer, data cursor, curriculum and generator from the checkpoint ---
             learner.load_state(str(checkpoint))
             rollouts_group.version = state["version"] - 1
             rollouts_group.push()
             rng.setstate(_to_tuple(state["rng_state"]))
             order = [by_id[i] for i in state["order"]]
+            curriculum.load_state(state["curriculum"])
+            pending_tasks = state["in_flight"]
             base, after_sft = state["evals"]["base"], state["evals"]["after_sft"]
             first_step = state["step"] + 1
             tqdm.write(f"resumed from {checkpoint} at RL step {state['step']}, policy version {state['version']}")
+
+        def draw_tasks() -> list:
+            nonlocal order
+            n = config.train.prompts_per_step
+            if pending_tasks:
+                return [by_id[i] for i in pending_tasks.pop(0)]
+            if config.curriculum.enabled:
+                return curriculum.draw(n)
+            if len(order) < n:
+                order += rng.sample(train_tasks, len(train_tasks))
+            tasks, order = order[:n], order[n:]
+            return tasks
+
+        jobs: deque[RolloutJob] = deque()
 
         def save_checkpoint(step: int, name: str) -> None:
             controller_state = {
                 "step": step, "version": rollouts_group.version, "order": [t.id for t in order],
                 "rng_state": rng.getstate(), "evals": {"base": base, "after_sft": after_sft},
+                "curriculum": curriculum.state(), "in_flight": [[t.id for t in j.result.tasks] for j in jobs],
             }
             write_checkpoint(ckpt_root, name, lambda d: learner.save(str(d), with_state=True), controller_state)
 
-        # --- RL ---
+        # --- RL: up to 1 + max_staleness steps' rollouts in flight while the learner trains ---
         learn = config.learner
+        temperature = TemperatureSchedule(rollout.temperature, rollout.temperature_schedule)
+        next_launch = first_step
+        run_start = time.time()
         bar = tqdm(range(first_step, config.train.steps + 1), desc="rl", dynamic_ncols=True, initial=first_step - 1, total=config.train.steps)
         for step in bar:
             t0 = time.time()
-            if len(order) < config.train.prompts_per_step:
-                order += rng.sample(train_tasks, len(train_tasks))
-            tasks, order = order[: config.train.prompts_per_step], order[config.train.prompts_per_step:]
-
-            # 1. k samples per prompt, tagged with the policy version that made them
-            rollouts = rollouts_group.generate([t.prompt for t in tasks], params, seed=generation_seed(config, step, 0))
-            t_gen = time.time()
-
-            # 2. rewards: every program runs against its tests in the sandbox pool
+            # 1. k samples per prompt (tagged with the policy version that made them), each group
+            #    scored in the sandbox pool as soon as it is finished, in the background
+            while next_launch <= config.train.steps and len(jobs) <= config.train.max_staleness:
+                step_params = replace(params, temperature=temperature(next_launch))
+                jobs.append(RolloutJob(next_launch, draw_tasks(), rollouts_group, rewards_service, step_params,
+                                       generation_seed(config, next_launch, 0)))
+                next_launch += 1
+            job = jobs.popleft()
+            batch = job.wait()
+            t_ready = time.time()
+            tasks, rollouts = batch.tasks, batch.rollouts
             flat = [(task, s) for task, r in zip(tasks, rollouts) for s in r.samples]
-            rewards = rewards_service.score([task for task, _ in flat], [s.text for _, s in flat])
-            t_score = time.time()
+            rewards = [reward for group in batch.rewards for reward in group]
+            step_temperature = temperature(step)
 
-            # 3. advantages within each prompt's group of k (the reward net of KL, if configured)
+            # 2. advantages within each prompt's group of k (the reward net of KL, if configured)
             sequences = [TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, 0.0) for r in rollouts for s in r.samples]
             reward_matrix = torch.tensor([r.total for r in rewards]).view(len(tasks), k)
+            passed = torch.tensor([float(r.passed) for r in rewards]).view(len(tasks), k)
+            for task, rate in zip(tasks, passed.mean(dim=1).tolist()):
+                curriculum.update(task.id, rate)
             kl_coef = learn.kl_coef_at(step)
             extra = {}
             if learn.kl_in == "reward" and kl_coef > 0:
-                seq_kl = torch.tensor(learner.sequence_kl(sequences)).view(len(tasks), k)
+                seq_kl = torch.tensor(learner.sequence_kl(sequences, step_temperature)).view(len(tasks), k)
                 reward_matrix = reward_matrix - kl_coef * seq_kl
                 extra["kl_sequence_mean"] = float(seq_kl.mean())
             advantages = compute_advantages(learn.advantage_estimator, reward_matrix)
@@ -167,13 +225,15 @@ def train(config: Config, resume: bool = False) -> dict:
                 sequences[i].advantage = a
             kept = [seq for g, group_keep in enumerate(keep.tolist()) if group_keep for seq in sequences[g * k : (g + 1) * k]]
 
-            # 4. one learner step, 5. new weights to the rollout workers
+            # 3. one learner step (the next step's rollouts are being made meanwhile),
+            # 4. new weights to the rollout workers
             stats: dict = {}
             sync = {"sync_s": 0.0}
+            staleness = [rollouts_group.version - s.policy_version for _, s in flat]
             if len(kept) >= learn.optimizer_steps * learn.num_ranks:
-                stats = learner.train_step(kept, kl_coef if learn.kl_in == "loss" else 0.0)
+                stats = learner.train_step(kept, kl_coef if learn.kl_in == "loss" else 0.0, step_temperature)
                 t_learn = time.time()
-                sync = rollouts_group.push()
+                sync = push_weights(rollouts_group)
             else:
                 t_learn = time.time()  # nothing to learn from: every group was uniform
             dt = time.time() - t0
@@ -186,11 +246,23 @@ def train(config: Config, resume: bool = False) -> dict:
                 "completion_tokens_mean": sum(len(s.token_ids) for _, s in flat) / len(flat),
                 "groups_filtered": int((~keep).sum()),
                 "kl_coef": kl_coef,
+                "temperature": step_temperature,
+                "staleness_mean": sum(staleness) / len(staleness),
+                "staleness_max": max(staleness),
+                "curriculum_level": curriculum.level,
                 "samples_per_s": len(flat) / dt,
-                "time_generate_s": t_gen - t0,
-                "time_score_s": t_score - t_gen,
-                "time_learn_s": t_learn - t_score,
+                "samples_per_s_run": len(flat) * (step - first_step + 1) / (time.time() - run_start),
+                # the step's timeline: its rollouts (which overlap earlier steps' training) ...
+                "time_generate_s": batch.generated - batch.started,
+                "time_score_tail_s": batch.scored - batch.generated,
+                "rollout_retries": batch.retries,
+                # ... and the controller's (learner's) side of this step
+                "time_wait_rollouts_s": t_ready - t0,
+                "time_learn_s": t_learn - t_ready,
                 "time_sync_s": sync["sync_s"],
+                "learner_idle_fraction": 1.0 - (t_learn - t_ready) / dt,
+                "time_step_s": dt,
+                "reward_requests_retried": rewards_service.retries,
                 **extra,
                 **stats,
             }

@@ -107,12 +107,13 @@ class Learner(WeightSource):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _logprobs(self, model, batch: PackedBatch) -> torch.Tensor:
+    def _logprobs(self, model, batch: PackedBatch, temperature: float | None = None) -> torch.Tensor:
+        """Next-token logprobs at the sampler's temperature (default: the configured one)."""
         device = self.engine.device
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
-        return token_logprobs(logits, batch.input_ids.to(device), self.temperature).float().cpu()
+        return token_logprobs(logits, batch.input_ids.to(device), temperature or self.temperature).float().cpu()
 
-    def train_step(self, work: Work, kl_coef: float = 0.0) -> dict[str, float]:
+    def train_step(self, work: Work, kl_coef: float = 0.0, temperature: float | None = None) -> dict[str, float]:
         """Policy-gradient updates: one optimizer step per mini-batch of `work`.
 
         Mini-batches after the first are slightly off-policy; the clipped ratio against the
@@ -126,7 +127,7 @@ class Learner(WeightSource):
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
         with torch.no_grad():
-            old = [[self._logprobs(self.engine, b) for b in micros] for micros, _ in minis]
+            old = [[self._logprobs(self.engine, b, temperature) for b in micros] for micros, _ in minis]
         diffs = torch.cat(
             [(o - b.old_logprobs).abs()[b.completion_mask.bool()] for (micros, _), olds in zip(minis, old) for b, o in zip(micros, olds)]
         )
@@ -134,11 +135,11 @@ class Learner(WeightSource):
         passes = sum(len(micros) for micros, _ in minis)
         for (micros, normalizer), olds in zip(minis, old):
             for batch, old_logprobs in zip(micros, olds):
-                logprobs = self._logprobs(self.engine, batch)
+                logprobs = self._logprobs(self.engine, batch, temperature)
                 ref_logprobs = None
                 if self.reference is not None and kl_coef > 0 and self.config.kl_in == "loss":
                     with torch.no_grad():
-                        ref_logprobs = self._logprobs(self.reference, batch)
+                        ref_logprobs = self._logprobs(self.reference, batch, temperature)
                 loss, stats = policy_loss(
                     logprobs,
                     old_logprobs,
@@ -164,13 +165,14 @@ class Learner(WeightSource):
         totals["tokens"] = float(diffs.numel())
         return totals
 
-    def sequence_kl(self, micros: list[list[TrainSequence]]) -> list[list[float]]:
+    def sequence_kl(self, micros: list[list[TrainSequence]], temperature: float | None = None) -> list[list[float]]:
         """Per sequence, the sum over its completion tokens of the KL estimate to the reference."""
         out = []
         with torch.no_grad():
             for seqs in micros:
                 batch = pack(seqs, self.pad_id)
-                kl = kl_penalty(self._logprobs(self.engine, batch), self._logprobs(self.reference, batch), self.config.kl_estimator)
+                kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._logprobs(self.reference, batch, temperature),
+                                self.config.kl_estimator)
                 out.append((kl * batch.completion_mask).sum(dim=1).tolist())
         return out
 

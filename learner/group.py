@@ -38,10 +38,11 @@ class LearnerGroup:
 
     # --- steps ---
 
-    def train_step(self, sequences: list[TrainSequence], kl_coef: float = 0.0) -> dict[str, float]:
+    def train_step(self, sequences: list[TrainSequence], kl_coef: float = 0.0, temperature: float | None = None) -> dict[str, float]:
+        """One RL step; `temperature` is the one the samples were drawn at (default: the configured one)."""
         per_token = self.config.loss_aggregation == "token_mean"
         work = self._deal(sequences, self.config.optimizer_steps, per_token)
-        results = ray.get([r.train_step.remote(w, kl_coef) for r, w in zip(self.ranks, work)])
+        results = ray.get([r.train_step.remote(w, kl_coef, temperature) for r, w in zip(self.ranks, work)])
         return merge_stats(results)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
@@ -51,11 +52,11 @@ class LearnerGroup:
         results = ray.get([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)])
         return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"]}
 
-    def sequence_kl(self, sequences: list[TrainSequence]) -> list[float]:
+    def sequence_kl(self, sequences: list[TrainSequence], temperature: float | None = None) -> list[float]:
         """Per sequence, the summed KL estimate to the reference (for a KL penalty in the reward)."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
         dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))
-        results = ray.get([r.sequence_kl.remote([[sequences[i] for i in m] for m in micros]) for r, micros in zip(self.ranks, dealt)])
+        results = ray.get([r.sequence_kl.remote([[sequences[i] for i in m] for m in micros], temperature) for r, micros in zip(self.ranks, dealt)])
         out = [0.0] * len(sequences)
         for micros, values in zip(dealt, results):
             for m, vs in zip(micros, values):

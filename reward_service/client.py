@@ -1,6 +1,9 @@
 """Starting the reward service for a training run, and scoring through its Serve handle (no HTTP)."""
 from __future__ import annotations
 
+import time
+
+import ray
 from ray import serve
 
 from coderloo.runtime import free_port
@@ -9,6 +12,7 @@ from reward_service.app import build_app
 from reward_service.schemas import ItemReward, RewardItem, RewardRequest, ServiceConfig
 
 APP_NAME = "coderloo-rewards"
+RETRIES = 5
 
 
 class RewardClient:
@@ -20,14 +24,35 @@ class RewardClient:
         if self.started_serve:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()})
         self.max_batch = config.max_batch
+        self.retries = 0  # requests sent again after a replica died
         self.handle = serve.run(build_app(config), name=APP_NAME, route_prefix=f"/{APP_NAME}")
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[ItemReward]:
         """One reward per (task, completion), in order; large batches go out as several requests at once."""
+        return self.collect(self.submit(tasks, completions))
+
+    def submit(self, tasks: list[Task], completions: list[str]) -> list[tuple[RewardRequest, object]]:
+        """Send the requests now; `collect` waits for them."""
         items = [RewardItem(task=t, completion=c) for t, c in zip(tasks, completions, strict=True)]
-        chunks = [items[i : i + self.max_batch] for i in range(0, len(items), self.max_batch)]
-        responses = [self.handle.score.remote(RewardRequest(items=chunk)) for chunk in chunks]
-        return [item for response in responses for item in response.result().items]
+        requests = [RewardRequest(items=items[i : i + self.max_batch]) for i in range(0, len(items), self.max_batch)]
+        return [(request, self.handle.score.remote(request)) for request in requests]
+
+    def collect(self, pending: list[tuple[RewardRequest, object]]) -> list[ItemReward]:
+        """The rewards of submitted requests, in order. A request whose replica died is sent again
+        (scoring has no side effects), up to `RETRIES` times while Serve replaces the replica."""
+        out = []
+        for request, response in pending:
+            for attempt in range(RETRIES + 1):
+                try:
+                    out.extend(response.result().items)
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                    if attempt == RETRIES:
+                        raise RuntimeError(f"reward service: a request failed {RETRIES + 1} times, last: {e}") from e
+                    self.retries += 1
+                    time.sleep(min(2.0 * (attempt + 1), 10.0))
+                    response = self.handle.score.remote(request)
+        return out
 
     def close(self) -> None:
         serve.delete(APP_NAME)

@@ -1,6 +1,7 @@
 """The rollout workers as one group: least-loaded dispatch of prompts, and versioned weight pushes."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -37,30 +38,47 @@ class RolloutGroup:
         self._inflight: list[dict[ray.ObjectRef, int]] = [{} for _ in self.workers]
         self._sources: list = []
         self._plan = None
+        self._dispatch_lock = threading.Lock()
+        self._healthy = True
+        self._pids: list[int] = []
+        # Pushes and recoveries use the learner's broadcast group: one at a time.
+        self._sync_lock = threading.RLock()
 
     # --- generation ---
 
     def load(self, index: int) -> int:
         """Prompts in flight on worker `index` (finished requests are dropped from the count)."""
         pending = self._inflight[index]
-        if pending:
-            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0, fetch_local=False)
-            for ref in done:
+        for ref in list(pending):
+            if _finished(ref):
                 del pending[ref]
         return sum(pending.values())
 
-    def submit(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[ray.ObjectRef]:
-        """Start generation for `prompts`; one ref per chunk, in prompt order. With `seed`, chunk i
-        is sampled with seed + i, whichever worker takes it."""
+    def _dispatch(self, prompts: list[str], params: GenerationParams, seed: int | None, method: str) -> list[tuple[int, object]]:
+        """One chunk per worker, each to the least-loaded worker: [(offset of the chunk, ref)].
+        With `seed`, chunk i is sampled with seed + i, whichever worker takes it."""
         share = -(-len(prompts) // len(self.workers))
-        refs = []
-        for i, start in enumerate(range(0, len(prompts), share)):
-            chunk = prompts[start : start + share]
-            index = min(range(len(self.workers)), key=self.load)
-            ref = self.workers[index].generate.remote(chunk, params, None if seed is None else seed + i)
-            self._inflight[index][ref] = len(chunk)
-            refs.append(ref)
-        return refs
+        out = []
+        with self._dispatch_lock:
+            for i, start in enumerate(range(0, len(prompts), share)):
+                chunk = prompts[start : start + share]
+                index = min(range(len(self.workers)), key=self.load)
+                call = getattr(self.workers[index], method)
+                if method == "generate_stream":
+                    call = call.options(num_returns="streaming")
+                ref = call.remote(chunk, params, None if seed is None else seed + i)
+                self._inflight[index][ref] = len(chunk)
+                out.append((start, ref))
+        return out
+
+    def submit(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[ray.ObjectRef]:
+        """Start generation for `prompts`; one ref per chunk, in prompt order."""
+        return [ref for _, ref in self._dispatch(prompts, params, seed, "generate")]
+
+    def stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[tuple[int, object]]:
+        """Start generation for `prompts`: [(offset of a chunk, a generator of refs to
+        (index within the chunk, PromptRollout) in the order the groups finish)]."""
+        return self._dispatch(prompts, params, seed, "generate_stream")
 
     def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
         return [rollout for chunk in ray.get(self.submit(prompts, params, seed)) for rollout in chunk]
@@ -78,6 +96,30 @@ class RolloutGroup:
         self._wait(refs, "joining the weight-sync group")
         self._plan = ray.get([source.weight_plan.remote(s.bucket_bytes) for source in sources])[0]
         self._sources = list(sources)
+        self._pids = ray.get([w.pid.remote() for w in self.workers])
+        self._healthy = True
+
+    def recover(self) -> None:
+        """After a worker died: wait until every worker answers again (Ray restarts them), then
+        form the broadcast group anew and push the current weights as a new version.
+
+        Safe to call from several threads; once the group is whole again, later calls return.
+        """
+        with self._sync_lock:
+            deadline = time.time() + self.sync.timeout_s
+            pids = None
+            while pids is None:
+                try:
+                    pids = ray.get([w.pid.remote() for w in self.workers], timeout=self.sync.timeout_s)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    if time.time() > deadline:
+                        raise WeightSyncTimeout(f"rollout workers did not come back within {self.sync.timeout_s:.0f} s") from None
+                    time.sleep(1.0)
+            if pids == self._pids and self._healthy:
+                return  # another thread has recovered already
+            self.connect(self._sources)
+            if self.version:
+                self._push()  # the current weights, under a new version (versions only increase)
 
     def push(self) -> dict[str, float]:
         """Send the sender's current weights to every worker as version `self.version + 1`.
@@ -85,6 +127,14 @@ class RolloutGroup:
         Returns the push's timing. Raises WeightSyncError if any worker did not receive the whole
         update, WeightSyncTimeout if a peer did not answer within the timeout.
         """
+        with self._sync_lock:
+            try:
+                return self._push()
+            except WeightSyncError:
+                self._healthy = False
+                raise
+
+    def _push(self) -> dict[str, float]:
         if not self._sources:
             raise WeightSyncError("connect() the group to a weight source before pushing weights")
         version = self.version + 1
@@ -119,3 +169,9 @@ class RolloutGroup:
         if errors:
             raise kind(f"{what}: " + "; ".join(errors))
         return results
+
+
+def _finished(ref) -> bool:
+    if isinstance(ref, ray.ObjectRef):
+        return not ray.wait([ref], timeout=0, fetch_local=False)[1]
+    return ref.is_finished() if hasattr(ref, "is_finished") else False

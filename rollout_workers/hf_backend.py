@@ -1,6 +1,8 @@
 """Generation with transformers: slower than vLLM, but any model and no extra engine."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
@@ -21,10 +23,10 @@ class TransformersBackend:
         torch.manual_seed(seed)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], params: GenerationParams, version: int) -> list[PromptRollout]:
+    def generate_stream(self, prompts: list[str], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
+        """(index, rollout) for each prompt, one prompt at a time."""
         eos = self.tokenizer.eos_token_id
-        rollouts = []
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             prompt_ids = self.tokenizer(prompt)["input_ids"]
             greedy = params.temperature == 0
             out = self.model.generate(
@@ -55,8 +57,7 @@ class TransformersBackend:
                 ids, text, finish = _apply_stop(ids, text, finish, params.stop, self.tokenizer)
                 logprobs = [step_logprobs[row, t, tok].item() for t, tok in enumerate(ids)]
                 samples.append(Sample(ids, logprobs, text, finish, version))
-            rollouts.append(PromptRollout(prompt_ids, samples))
-        return rollouts
+            yield index, PromptRollout(prompt_ids, samples)
 
     def join_weight_group(self, backend: str, *args) -> None:
         if backend != "gloo":

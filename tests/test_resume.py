@@ -54,6 +54,7 @@ def config_for(tiny_model, out, steps):
             "rollout.max_new_tokens=16",
             "learner.kl_coef=0.05",
             "learner.filter_uninformative=false",
+            "train.max_staleness=0",  # exact: no step's samples are in flight at a checkpoint
             "tasks.max_eval_tasks=2",
             "eval.samples_per_task=2",
             "eval.k=[1]",

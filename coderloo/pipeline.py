@@ -1,0 +1,89 @@
+"""One RL step's rollouts in the background: generation, and scoring as each group finishes.
+
+`RolloutJob` runs in a thread of the controller. It streams each prompt's k samples from the
+rollout workers as soon as they are finished and sends that group to the reward service at once,
+so scoring overlaps generation; the controller meanwhile trains on an earlier step. Workers and
+reward replicas that die are survived: a worker's unfinished prompts are generated again (on the
+restarted worker, with the same seed) and a failed reward request is sent again; a prompt group
+counts once, when its rollout arrives whole.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from coderloo.tasksets.task import Task
+from reward_service.client import RewardClient
+from reward_service.schemas import ItemReward
+from rollout_workers import GenerationParams, PromptRollout, RolloutGroup
+
+
+@dataclass
+class StepRollouts:
+    step: int
+    tasks: list[Task]
+    rollouts: list[PromptRollout | None] = field(default_factory=list)
+    rewards: list[list[ItemReward] | None] = field(default_factory=list)
+    started: float = 0.0
+    generated: float = 0.0  # when the last group arrived
+    scored: float = 0.0  # when the last reward arrived
+    retries: int = 0  # chunks generated again after a worker died
+
+
+class RolloutJob:
+    def __init__(self, step: int, tasks: list[Task], rollouts_group: RolloutGroup, rewards: RewardClient,
+                 params: GenerationParams, seed: int):
+        self.result = StepRollouts(step, tasks, [None] * len(tasks), [None] * len(tasks))
+        self.group, self.rewards, self.params, self.seed = rollouts_group, rewards, params, seed
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"rollouts-step-{step}", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> StepRollouts:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _run(self) -> None:
+        try:
+            self.result.started = time.time()
+            self.responses: dict[int, object] = {}
+            todo = list(range(len(self.result.tasks)))
+            while todo:
+                prompts = [self.result.tasks[i].prompt for i in todo]
+                # A redo draws other samples than the lost ones, reproducibly (the seed moves on).
+                seed = self.seed + 7919 * self.result.retries
+                consumers = [
+                    threading.Thread(target=self._consume, args=(todo[offset:], generator), daemon=True)
+                    for offset, generator in self.group.stream(prompts, self.params, seed)
+                ]
+                for c in consumers:
+                    c.start()
+                for c in consumers:
+                    c.join()
+                todo = [i for i in todo if self.result.rollouts[i] is None]
+                if todo:  # a worker died: wait for it to come back with the current weights
+                    self.result.retries += 1
+                    self.group.recover()
+            self.result.generated = time.time()
+            for index, pending in self.responses.items():
+                self.result.rewards[index] = self.rewards.collect(pending)
+            self.result.scored = time.time()
+        except BaseException as e:  # surfaced to the controller by wait()
+            self.error = e
+
+    def _consume(self, indices: list[int], generator) -> None:
+        """Take one worker's groups as they finish and send each to the reward service."""
+        try:
+            for ref in generator:
+                local, rollout = ray.get(ref)
+                index = indices[local]
+                task = self.result.tasks[index]
+                self.responses[index] = self.rewards.submit([task] * len(rollout.samples), [s.text for s in rollout.samples])
+                self.result.rollouts[index] = rollout
+        except ray.exceptions.RayActorError:
+            pass  # the worker died: what did not arrive is generated again
