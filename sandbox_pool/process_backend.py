@@ -4,10 +4,12 @@ process for free (namespaces, rlimits, an unprivileged uid); no Docker needed.
 Each run gets a new session, a new PID namespace (nothing the program starts outlives it), no
 network (the fork server's network namespace, unshared once, has nothing but a loopback that is
 down), rlimits on CPU, address space, file size and processes, uid/gid 65534 when we are root,
-and a fresh working directory that is removed afterwards. fork_server.py says how. What this does
-not isolate: the file system beyond Unix permissions (the program can read what "nobody" can
-read) and, since all runs share uid 65534, the process limit, which concurrent runs on one
-machine share. Runs forked from one server also share its hash seed (set iteration order).
+a private mount namespace whose /tmp, /var/tmp and /dev/shm are fresh size-limited tmpfs (gone
+with the run), and, where the machine lets us create them, a cgroup per run for pids and memory
+(`ForkServer.isolation` says what is in use). The tests run in a separate tester process
+(runner.py). fork_server.py and supervisor.py say how. What this does not isolate: the rest of
+the file system beyond Unix permissions (the program can read what "nobody" can read) and,
+without cgroups, the process limit (RLIMIT_NPROC), which concurrent runs share.
 
 This module is the executor's side: `ForkServer` (the server process, restarted when it dies,
 and the client of its protocol), the module-level `execute` on a default server per process, and
@@ -21,8 +23,8 @@ import asyncio
 import functools
 import json
 import os
-import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,7 +32,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-from sandbox_pool.results import ExecutionRequest, ExecutionResult, Limits, Status, TestOutcome
+from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status, TestOutcome
+from sandbox_pool.verdict import classify
 
 FORK_SERVER = str(Path(__file__).with_name("fork_server.py"))
 SANDBOX_UID = SANDBOX_GID = 65534  # "nobody"
@@ -75,14 +78,16 @@ class ForkServer:
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._log: IO[bytes] | None = None  # the server's stderr: why it died, if it did
+        # What the running server isolates with (see supervisor.probe_isolation); {} before it starts.
+        self.isolation: dict = {}
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         """Run `request.program` and its tests in a fresh sandbox forked by this server."""
         started = time.monotonic()
         try:
             timeout_s = request.limits.wall_timeout_s + ANSWER_MARGIN_S
-            report = await self._run(request.model_dump_json().encode(), timeout_s)
-            status, detail, tests = _classify(report, request.limits)
+            report = await self._run(request_frames(request), timeout_s)
+            status, detail, tests = classify(report, request)
         except SandboxUnavailable as e:
             return _result(request, started, Status.infra_error, str(e))
         except Exception as e:
@@ -115,9 +120,9 @@ class ForkServer:
         finally:
             ours.close()
             theirs.close()
-        if not reply:
+        if len(reply) < 4:
             raise SandboxUnavailable(await _silence(process, log))
-        return json.loads(reply)
+        return json.loads(reply[4:])
 
     async def _exchange(
         self, ours: socket.socket, theirs: socket.socket, request: bytes
@@ -129,7 +134,6 @@ class ForkServer:
         chunks = []
         try:
             await loop.sock_sendall(ours, request)
-            ours.shutdown(socket.SHUT_WR)
             while chunk := await loop.sock_recv(ours, 65536):
                 chunks.append(chunk)
         except ConnectionError:
@@ -163,7 +167,7 @@ class ForkServer:
             interpreter = self.interpreter or sandbox_interpreter()
             process = subprocess.Popen(
                 [interpreter, "-I", "-S", FORK_SERVER, str(theirs.fileno()), tempfile.gettempdir()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                 pass_fds=(theirs.fileno(),), cwd="/", env=SANDBOX_ENV,
                 start_new_session=True,  # out of reach of a Ctrl-C meant for us
             )
@@ -174,6 +178,9 @@ class ForkServer:
         finally:
             theirs.close()
         control.setblocking(False)
+        summary = process.stdout.readline()  # one JSON line once it is ready (none if it failed to start)
+        process.stdout.close()
+        self.isolation = json.loads(summary) if summary.strip() else {}
         self._process, self._control, self._log = process, control, log
 
 
@@ -192,37 +199,16 @@ async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
     return f"the sandbox fork server exited with code {process.returncode}" + (f": {lines[-1]}" if lines else "")
 
 
-def _classify(report: dict, limits: Limits) -> tuple[Status, str, list[TestOutcome]]:
-    if "error" in report:
-        return Status.infra_error, report["error"], []
-    if report["outlived"]:
-        return Status.infra_error, "a process of the program outlived the run", []
-    # The program could write to the records fd too, so nothing there is trusted beyond being
-    # JSON: a record the classification does not understand makes an infra_error.
-    records = [json.loads(line) for line in report["records"].splitlines() if line.strip()]
-    outcome = next((r for r in records if "status" in r), None)
-    if outcome is not None:  # the tests finished, even if the clock ran out right after
-        tests = [TestOutcome.model_validate(test) for test in outcome["tests"]]
-        return Status(outcome["status"]), outcome["detail"], tests
-    if report["timed_out"]:
-        return Status.timeout, f"exceeded the wall-clock limit of {limits.wall_timeout_s:g} s", []
-    sig, cpu_s = report["signal"], report["cpu_s"]
-    if sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s:
-        return Status.timeout, f"exceeded the CPU time limit of {limits.cpu_time_s} s", []
-    if sig == signal.SIGKILL:
-        # Under the CPU limit, not the wall-clock kill, and nothing in its own namespace can
-        # SIGKILL a namespace's init: that leaves the kernel's out-of-memory killer.
-        return Status.memory_exceeded, "killed by SIGKILL under the CPU limit: out of memory", []
-    if sig is not None:
-        return Status.runtime_error, f"the program was killed by {_signal_name(sig)}", []
-    return Status.runtime_error, f"the program exited with code {report['exit_code']} before its tests finished", []
+def request_frames(request: ExecutionRequest) -> bytes:
+    """The two frames a supervisor reads: what the program may know, then the tests (see supervisor.py)."""
+    head = {"language": request.language, "program": request.program, "limits": request.limits.model_dump()}
+    tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup}
+    return b"".join(frame(part) for part in (head, tail))
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return f"{signal.Signals(number).name} (signal {number})"
-    except ValueError:
-        return f"signal {number}"
+def frame(obj) -> bytes:
+    data = json.dumps(obj).encode()
+    return struct.pack(">I", len(data)) + data
 
 
 def _result(

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Status(str, Enum):
@@ -31,15 +32,45 @@ class Limits(BaseModel):
     memory_mb: int = Field(512, gt=0, description="address space (RLIMIT_AS) of each process, in MiB")
     file_size_mb: int = Field(16, gt=0, description="largest file the program may write (RLIMIT_FSIZE), in MiB")
     max_processes: int = Field(
-        64, gt=0, description="processes and threads of the sandbox user (RLIMIT_NPROC); stops fork bombs"
+        64, gt=0, description="processes and threads of the sandbox user (RLIMIT_NPROC, and the run's pids cgroup)"
     )
+    output_mb: int = Field(8, gt=0, description="stdout and stderr together; more ends the run as a runtime_error")
+    scratch_mb: int = Field(64, gt=0, description="size of the run's private /tmp, /var/tmp and /dev/shm (tmpfs)")
+
+
+class IOTest(BaseModel):
+    """A test of a program that reads stdin and writes stdout (C++): the output is compared,
+    outside the sandbox, token by token (whitespace-insensitive) with `stdout`."""
+
+    model_config = ConfigDict(extra="forbid")
+    __test__ = False
+
+    stdin: str = ""
+    stdout: str
 
 
 class ExecutionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     program: str
-    tests: list[str] = Field(description="statements run one by one after the program, usually asserts")
-    test_setup: str = Field("", description="run after the program and before the tests, e.g. imports")
+    tests: list[str | IOTest] = Field(
+        description="python: statements run one by one after the program, usually asserts; "
+        "cpp: {stdin, stdout} cases for the compiled program"
+    )
+    test_setup: str = Field("", description="python: run after the program and before the tests, e.g. imports")
+    language: Literal["python", "cpp"] = "python"
     limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _tests_fit_the_language(self) -> "ExecutionRequest":
+        kind = str if self.language == "python" else IOTest
+        wrong = [i for i, t in enumerate(self.tests) if not isinstance(t, kind)]
+        if wrong:
+            expected = "strings of Python code" if kind is str else "{stdin, stdout} objects"
+            raise ValueError(f"tests{wrong[:5]} of a {self.language} request must be {expected}")
+        if self.language == "cpp" and self.test_setup:
+            raise ValueError("test_setup is for python requests only")
+        return self
 
 
 class ExecutionResult(BaseModel):

@@ -1,75 +1,126 @@
-"""The inside of a process sandbox: runs one program and its tests. Standard library only.
+"""The two processes of a Python run, and the plain-value codec between them. Standard library only:
+this file runs in the fork server (process backend) and in the executor image (Docker backend).
 
-fork_server.py calls `run_and_report` in the sandbox's first process, once that process is set
-up (own session, network and PID namespaces, rlimits, unprivileged uid, fresh working directory).
-The request is a dict: {"program": str, "test_setup": str, "tests": [str], ...}.
+A Python run has two processes that never share memory, uid or descriptors:
 
-The program's stdout and stderr are this process's own, which the supervisor captures. The
-outcome goes to a separate records fd as one JSON line, so nothing the program prints can pass
-for a result: {"status", "tests", "detail"}. How the process ended (exit code, signal, CPU time)
-the supervisor learns from the kernel.
+    program (uid 65534)  <── socketpair, plain values only ──>  tester (uid 65533)
+
+`serve_program` runs the program and then answers calls into its namespace. It never sees a
+test: it is forked before the tests reach the supervisor, so they are not even in the memory it
+inherited. `run_tests` (the tester) runs the tests, as trusted code in its own namespace. Where
+a test uses a name of the program (a function, a class, a constant), it gets a proxy, and every
+call through a proxy crosses the socket: arguments go in and results come back as plain builtin
+values (None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets and
+frozensets of them), rebuilt from JSON by the tester. Anything else stays in the program's
+process and comes back as an opaque handle that can be called, have attributes read or be passed
+back as an argument, but never compared, hashed or tested for truth. So `assert f(3) == 7` is
+decided in the tester with the tester's own `==` on a value it built itself; the expected 7 never
+leaves the tester, and an object whose __eq__ always says True cannot cross. The tester's verdict
+goes to the supervisor on a pipe only the tester holds.
 """
 import builtins
 import json
 import os
+import struct
 import sys
 
 ERROR_CHARS = 500
+MAX_MESSAGE_BYTES = 64 * 2**20  # a call's arguments or result, encoded
+MAX_DEPTH = 100  # nesting of a plain value
 
 
-def run_and_report(request: dict, records_fd: int) -> None:
-    """Run the request, write its outcome to `records_fd` and end the process."""
-    result = run(request)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass  # the program may have closed or replaced it
-    write_record(records_fd, result)
-    os._exit(0)  # skip the program's atexit handlers and thread joins
+# ---- framing: a 4-byte big-endian length, then that many bytes of JSON ----
+
+def send_frame(fd: int, obj) -> None:
+    data = json.dumps(obj).encode()
+    data = struct.pack(">I", len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
 
 
-def run(request: dict) -> dict:
-    # Not "__main__": an `if __name__ == "__main__":` block would read stdin or run demos.
-    namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
-    try:
-        program = compile(request["program"], "<program>", "exec")
-    except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
-        return outcome("syntax_error", [], describe(e))
-
-    error = execute(program, namespace)
-    if error is not None:
-        return outcome(error_status(error), [], "the program raised " + describe(error))
-    error = execute(request["test_setup"], namespace, "<test setup>")
-    if error is not None:
-        return outcome(error_status(error), [], "the test setup raised " + describe(error))
-
-    tests, out_of_memory = [], False
-    for i, test in enumerate(request["tests"]):
-        error = execute(test, namespace, f"<test {i}>")
-        tests.append({"passed": error is None, "error": None if error is None else describe(error)})
-        out_of_memory |= isinstance(error, MemoryError)
-    if out_of_memory:
-        return outcome("memory_exceeded", tests, "a test raised MemoryError")
-    if all(test["passed"] for test in tests):
-        return outcome("passed", tests, "")
-    failed = sum(not test["passed"] for test in tests)
-    return outcome("failed", tests, f"{failed} of {len(tests)} tests failed")
+def read_exactly(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 2**20))
+        if not chunk:
+            raise EOFError("the other side closed the channel")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
-def execute(code, namespace: dict, filename: str = "<program>") -> BaseException | None:
-    """Compile (when given source) and run; the exception it raised, if any."""
-    try:
-        if isinstance(code, str):
-            code = compile(code, filename, "exec")
-        exec(code, namespace)
-    except BaseException as e:  # SystemExit too: a program that exits has not passed its tests
-        return e
-    return None
+def read_frame(fd: int, limit: int = MAX_MESSAGE_BYTES):
+    (size,) = struct.unpack(">I", read_exactly(fd, 4))
+    if size > limit:
+        raise ValueError(f"a message of {size} bytes is over the limit of {limit}")
+    return json.loads(read_exactly(fd, size))
 
 
-def error_status(error: BaseException) -> str:
-    return "memory_exceeded" if isinstance(error, MemoryError) else "runtime_error"
+# ---- plain values ----
+
+class NotPlain(TypeError):
+    pass
+
+
+def encode(value, handle=None, depth: int = 0):
+    """A JSON form of a plain builtin value. Exact types only: a subclass of int or str could
+    carry its own __eq__. `handle(obj)` turns any other object into a reference, or raises."""
+    if depth > MAX_DEPTH:
+        raise NotPlain("value nested too deeply")
+    kind = type(value)
+    if value is None or kind is bool or kind is str or kind is float:
+        return value
+    if kind is int:
+        if value.bit_length() > 10_000:
+            raise NotPlain("integer too large")
+        return value
+    if kind is list:
+        return [encode(v, handle, depth + 1) for v in value]
+    if kind is tuple:
+        return {"tuple": [encode(v, handle, depth + 1) for v in value]}
+    if kind is dict:
+        return {"dict": [[encode(k, handle, depth + 1), encode(v, handle, depth + 1)] for k, v in value.items()]}
+    if kind is set or kind is frozenset:
+        return {kind.__name__: [encode(v, handle, depth + 1) for v in value]}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is complex:
+        return {"complex": [value.real, value.imag]}
+    if handle is None:
+        raise NotPlain(f"not a plain value: {kind.__name__}")
+    return {"ref": handle(value)}
+
+
+def decode(data, resolve=None, depth: int = 0):
+    """The inverse of `encode`; `resolve(ref)` rebuilds a reference, else references are refused."""
+    if depth > MAX_DEPTH:
+        raise NotPlain("value nested too deeply")
+    kind = type(data)
+    if data is None or kind in (bool, int, float, str):
+        return data
+    if kind is list:
+        return [decode(v, resolve, depth + 1) for v in data]
+    if kind is not dict or len(data) != 1:
+        raise NotPlain(f"malformed value: {str(data)[:80]}")
+    (tag, body), = data.items()
+    if tag == "ref" and resolve is not None:
+        return resolve(body)
+    if tag == "bytes" and type(body) is str:
+        return bytes.fromhex(body)
+    if type(body) is not list:
+        raise NotPlain(f"malformed value: {str(data)[:80]}")
+    items = [decode(v, resolve, depth + 1) for v in body]
+    if tag == "tuple":
+        return tuple(items)
+    if tag == "set":
+        return set(items)
+    if tag == "frozenset":
+        return frozenset(items)
+    if tag == "dict" and all(type(p) is list and len(p) == 2 for p in items):
+        return {k: v for k, v in items}
+    if tag == "complex" and len(items) == 2 and all(type(x) in (int, float) for x in items):
+        return complex(*items)
+    raise NotPlain(f"malformed value: {str(data)[:80]}")
 
 
 def describe(error: BaseException) -> str:
@@ -83,11 +134,208 @@ def describe(error: BaseException) -> str:
     return text[:ERROR_CHARS].encode("utf-8", "replace").decode("utf-8")
 
 
-def outcome(status: str, tests: list, detail: str) -> dict:
-    return {"status": status, "tests": tests, "detail": detail}
+# ---- the program's side ----
+
+def serve_program(program: str, channel: int) -> None:
+    """Run the program, then answer the tester's calls until it hangs up. Ends the process."""
+    namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
+    objects: list = []  # what references point to
+
+    def handle(obj) -> int:
+        objects.append(obj)
+        return len(objects) - 1
+
+    wanted = read_frame(channel)["names"]
+    try:
+        code = compile(program, "<program>", "exec")
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
+        load = {"status": "syntax_error", "detail": describe(e)}
+    else:
+        try:
+            exec(code, namespace)
+            load = {"status": "ok", "detail": ""}
+        except BaseException as e:  # SystemExit too: a program that exits has not passed its tests
+            status = "memory_exceeded" if isinstance(e, MemoryError) else "runtime_error"
+            load = {"status": status, "detail": "the program raised " + describe(e)}
+    names = {}
+    if load["status"] == "ok":
+        for name in wanted:
+            if name in namespace and not hasattr(builtins, name):  # builtins always stay the tester's own
+                value = namespace[name]
+                names[name] = {"module": value.__name__} if type(value) is type(builtins) else encode(value, handle)
+    flush_output()
+    send_frame(channel, {"load": load, "names": names})
+    while True:
+        try:
+            message = read_frame(channel)
+        except EOFError:
+            break
+        try:
+            target = objects[message["ref"]]
+            if message["op"] == "call":
+                value = target(*decode(message["args"], objects.__getitem__),
+                               **decode(message["kwargs"], objects.__getitem__))
+            else:
+                value = getattr(target, message["name"])
+            reply = {"value": encode(value, handle)}
+        except BaseException as e:  # the program's own exceptions, SystemExit included
+            reply = {"raise": [type(e).__name__, describe(e)]}
+        flush_output()
+        send_frame(channel, reply)
+    flush_output()
+    os._exit(0)
 
 
-def write_record(fd: int, record: dict) -> None:
-    data = (json.dumps(record) + "\n").encode()
-    while data:
-        data = data[os.write(fd, data):]
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass  # the program may have closed or replaced it
+
+
+# ---- the tester's side ----
+
+class ProgramGone(Exception):
+    """The program's process ended (or broke the protocol) before answering."""
+
+
+class ProgramError(Exception):
+    """An exception raised inside the program that has no builtin class of the same name here."""
+
+
+class Remote:
+    """An object that lives in the program's process."""
+
+    __slots__ = ("_link", "_ref", "_type")
+
+    def __init__(self, link, ref, type_name="object"):
+        object.__setattr__(self, "_link", link)
+        object.__setattr__(self, "_ref", ref)
+        object.__setattr__(self, "_type", type_name)
+
+    def __call__(self, *args, **kwargs):
+        return self._link.ask({"op": "call", "ref": self._ref, "args": self._link.out(list(args)),
+                               "kwargs": self._link.out(kwargs)})
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._link.ask({"op": "getattr", "ref": self._ref, "name": name})
+
+    def _refuse(self, *_):
+        raise TypeError("an object of the program is not a plain value; only plain values can be compared or used")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = __bool__ = __len__ = __iter__ = _refuse
+    __contains__ = __getitem__ = __add__ = __sub__ = __mul__ = __float__ = __int__ = __index__ = _refuse
+
+    def __repr__(self):
+        return "<object of the program>"
+
+
+class Link:
+    def __init__(self, channel: int):
+        self.channel = channel
+        self.gone = False
+
+    def out(self, value):
+        def handle(obj):
+            if type(obj) is Remote:
+                return obj._ref
+            raise NotPlain(f"a test passed a {type(obj).__name__} to the program; only plain values can cross")
+        return encode(value, handle)
+
+    def back(self, data):
+        return decode(data, lambda ref: Remote(self, ref) if type(ref) is int else None)
+
+    def ask(self, message: dict):
+        if self.gone:
+            raise ProgramGone("the program is no longer running")
+        try:
+            send_frame(self.channel, message)
+            reply = read_frame(self.channel)
+        except (OSError, EOFError, ValueError) as e:
+            self.gone = True
+            raise ProgramGone("the program stopped answering: " + describe(e)) from None
+        if type(reply) is not dict:
+            raise ProgramGone("the program broke the protocol")
+        if "value" in reply:
+            return self.back(reply["value"])
+        try:
+            name, message = reply["raise"]
+            name, message = str(name), str(message)
+        except (KeyError, TypeError, ValueError):
+            raise ProgramGone("the program broke the protocol") from None
+        known = getattr(builtins, name, None)
+        if isinstance(known, type) and issubclass(known, Exception):
+            try:
+                error = known(message.partition(": ")[2])
+            except Exception:
+                error = ProgramError(message)
+        else:
+            error = ProgramError(message)  # SystemExit, KeyboardInterrupt and the program's own classes
+        raise error
+
+
+def names_used(code) -> set:
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            found |= names_used(const)
+    return found
+
+
+def run_tests(request: dict, channel: int) -> dict:
+    """The tester: run the tests against the program over `channel`; the verdict record."""
+    link = Link(channel)
+    compiled, wanted = [], set()
+    for i, source in enumerate([request["test_setup"]] + request["tests"]):
+        try:
+            code = compile(source, "<test setup>" if i == 0 else f"<test {i - 1}>", "exec")
+            wanted |= names_used(code)
+            compiled.append(code)
+        except (SyntaxError, ValueError) as e:
+            compiled.append(e)
+    try:
+        send_frame(channel, {"names": sorted(wanted)})
+        hello = read_frame(channel)
+        load, names = hello["load"], hello["names"]
+        status = str(load["status"])
+        if status not in ("ok", "syntax_error", "runtime_error", "memory_exceeded"):
+            raise ValueError(status)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
+        return {"load": {"status": "lost", "detail": describe(e)}, "tests": [], "lost": True}
+    if status != "ok":
+        return {"load": {"status": status, "detail": str(load.get("detail", ""))[:ERROR_CHARS]}, "tests": [], "lost": False}
+    namespace = {"__name__": "__tests__", "__builtins__": builtins}
+    for name, data in names.items():
+        try:
+            if type(data) is dict and set(data) == {"module"}:
+                namespace[name] = __import__(str(data["module"]))
+            else:
+                namespace[name] = link.back(data)
+        except Exception:
+            pass  # a name the tests cannot use; they fail on it if they need it
+    setup, tests = compiled[0], compiled[1:]
+    error = execute(setup, namespace)
+    if error is not None:
+        detail = "the test setup raised " + describe(error)
+        status = "lost" if link.gone else "runtime_error"
+        return {"load": {"status": status, "detail": detail}, "tests": [], "lost": link.gone}
+    outcomes = []
+    for test in tests:
+        error = execute(test, namespace)
+        outcomes.append({"passed": error is None, "error": None if error is None else describe(error),
+                         "memory": isinstance(error, MemoryError)})
+    return {"load": {"status": "ok", "detail": ""}, "tests": outcomes, "lost": link.gone}
+
+
+def execute(code, namespace: dict):
+    """Run compiled test code (or re-raise its compile error); the exception it raised, if any."""
+    try:
+        if isinstance(code, BaseException):
+            raise code
+        exec(code, namespace)
+    except BaseException as e:
+        return e
+    return None

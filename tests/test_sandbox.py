@@ -197,8 +197,7 @@ def test_fork_bomb_is_contained_and_reaped():
 
 def test_processes_left_behind_are_killed_after_the_run():
     marker = f"sleeper-{uuid.uuid4().hex}"
-    go_dir = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
-    go_dir.chmod(0o755)  # the sandbox user must see the go file appear
+    go_dir = shared_dir()  # the sandbox user must see the go file appear
     go = go_dir / "go"
     program = f"""
         import os, subprocess, sys, time
@@ -349,9 +348,14 @@ def test_pool_takes_submissions_from_several_threads(ray_cluster):
         pool.shutdown()
 
 
+# Not under /tmp: each run gets a private /tmp (and /var/tmp, /dev/shm) of its own.
+SHARED_ROOT = Path(__file__).resolve().parent.parent / ".cache" / "sandbox-tests"
+
+
 def shared_dir() -> Path:
     """A folder the sandbox user may write in, to coordinate with the test (or other programs)."""
-    path = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
+    SHARED_ROOT.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir=SHARED_ROOT))
     path.chmod(0o777)
     return path
 

@@ -1,0 +1,614 @@
+"""One run, from request to report: the part of the sandbox that is outside it. Standard library
+only; the process backend's fork server and the Docker image's executor both call `supervise`
+in a fresh child process (the supervisor) for every run.
+
+The request arrives as two frames (runner.py's framing), read one at a time:
+
+    1. {"language", "program", "limits"}   what the program's process may know
+    2. {"tests", "test_setup"}             what it must never know
+
+Python: the supervisor forks the tester (uid 65533), then the program's process (uid 65534),
+and only then reads the second frame and hands the tests to the tester. So the tests are not
+even in the memory the program's process inherited. The two talk over a socketpair in plain
+values (runner.py); the tester's verdict comes back on a pipe only it holds.
+
+C++: the program's process compiles the source with g++; each test then runs the binary in a
+fresh sandboxed process (exec: nothing of the supervisor's memory survives) with the test's
+stdin, and the supervisor compares its stdout with the expected output outside the sandbox.
+
+Every sandboxed process: a new session, rlimits (CPU, address space, file size, processes, no
+core), uid/gid 65534 with no groups, a death signal tied to the supervisor, stdin /dev/null, and
+only its own pipes. Where the environment allows (`Isolation`): a new PID namespace whose init it
+is (the kernel kills everything it started when it ends), a private mount namespace with fresh
+size-limited tmpfs on /tmp, /var/tmp and /dev/shm, and a per-run cgroup for pids and memory.
+Otherwise (in a container) the supervisor kills every process of uid 65534 after the run and
+empties /tmp and /dev/shm.
+"""
+import ctypes
+import fcntl
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import runner
+
+SANDBOX_UID = SANDBOX_GID = 65534  # "nobody": the program
+TESTER_UID = TESTER_GID = 65533  # the tests: a uid the program cannot signal, trace or read
+OUTPUT_TAIL_BYTES = 4096
+CPP_STDOUT_MAX_BYTES = 2**20  # a C++ test's output is compared whole, up to this size
+RECORD_MAX_BYTES = 2**20
+STOP_GRACE_S = 2.0  # after the sandbox ended, for its output pipes to reach EOF
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
+COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+PR_SET_PDEATHSIG = 1
+
+SYS_CLONE = 56  # x86_64
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+
+@dataclass
+class Isolation:
+    """What this environment lets the supervisor do on top of rlimits and the uid change."""
+
+    drop_privileges: bool  # running as root: switch to the sandbox uids
+    pid_namespace: bool  # a PID namespace per run (needs CAP_SYS_ADMIN)
+    mount_namespace: bool  # private tmpfs scratch dirs per run (needs CAP_SYS_ADMIN)
+    work_root: str  # where the per-run directory goes when there is no mount namespace
+    cgroup_roots: dict  # controller ("pids", "memory") -> a directory to make per-run cgroups in
+    kill_by_uid: bool  # after each run, kill(-1) as the sandbox uid (no PID namespace to do it)
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = None) -> None:
+    """Read one request from `in_fd`, run it, and `send_report(report)` (unless the client hung up:
+    `hangup_fd` polls POLLHUP when it does)."""
+    try:
+        head = runner.read_frame(in_fd)
+        run = Run(head, iso, in_fd, hangup_fd)
+        try:
+            report = run.python() if head["language"] == "python" else run.cpp()
+        finally:
+            run.clean_up()
+        if report is not None:
+            report["anomaly"] = run.anomaly
+    except Exception as e:
+        report = {"error": f"the sandbox supervisor failed: {type(e).__name__}: {e}"}
+    if report is not None:
+        send_report(report)
+
+
+class Run:
+    def __init__(self, head: dict, iso: Isolation, in_fd: int, hangup_fd):
+        self.head, self.iso, self.in_fd, self.hangup_fd = head, iso, in_fd, hangup_fd
+        self.limits = head["limits"]
+        self.deadline = time.monotonic() + self.limits["wall_timeout_s"]
+        self.workdir = None
+        self.cgroups = []
+        self.anomaly = None
+        self.supervisor = os.pidfd_open(os.getpid())  # a sandbox checks that we are still there
+        self.stdout, self.stdout_w = os.pipe()
+        self.stderr, self.stderr_w = os.pipe()
+        self.output = {self.stdout: b"", self.stderr: b""}
+        self.output_bytes = 0
+        self.output_exceeded = False
+        self.keep_bytes = OUTPUT_TAIL_BYTES
+
+    # ---- the two languages ----
+
+    def python(self):
+        channel, channel_theirs = socket.socketpair()
+        tests_r, tests_w = os.pipe()
+        record_r, record_w = os.pipe()
+        tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w))
+        os.close(tests_r)
+        os.close(record_w)
+        self.enter_run_namespaces()
+        program = self.fork(
+            lambda: self.become_sandbox(channel.fileno(), lambda: runner.serve_program(self.head["program"], 3)),
+            sandbox=True,
+        )
+        channel.close()
+        channel_theirs.close()
+        self.close_output_ends()
+        tail = runner.read_frame(self.in_fd)  # the tests: only now, with the program's process forked
+        try:
+            runner.send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"]})
+        except OSError:
+            pass  # the tester is gone; its missing record says so
+        os.close(tests_w)
+        watched = self.watch({program: "program", tester: "tester"}, extra={record_r: b""}, until="tester")
+        if watched is None:
+            return None
+        record = watched["extra"][record_r]
+        try:
+            verdict = json.loads(record[4:]) if len(record) > 4 else None
+        except ValueError:
+            verdict = None
+        report = self.report(watched, tester=verdict)
+        report["tester_process"] = watched["processes"].get("tester")
+        return report
+
+    def cpp(self):
+        self.enter_run_namespaces()
+        source = self.head["program"]
+
+        def compile_it():
+            with open("prog.cpp", "w") as f:
+                f.write(source)
+            os.execvpe(CXX[0], CXX, SANDBOX_ENV)
+
+        compiler = self.fork(lambda: self.become_sandbox(None, compile_it, compile=True), sandbox=True)
+        self.close_output_ends()
+        tail = runner.read_frame(self.in_fd)
+        watched = self.watch({compiler: "program"}, until="program")
+        if watched is None:
+            return None
+        compiled = watched["processes"]["program"]
+        if watched["timed_out"] or compiled["exit_code"] != 0:
+            report = self.report(watched)
+            report["compile_failed"] = True
+            return report
+        outcomes = []
+        self.keep_bytes = CPP_STDOUT_MAX_BYTES  # the whole output, to compare
+        for test in tail["tests"]:
+            self.reset_output()
+            stdin_r, stdin_w = os.pipe()
+            argv = ["./prog"]
+            binary = self.fork(lambda: self.become_sandbox(None, lambda: os.execve(argv[0], argv, SANDBOX_ENV), stdin=stdin_r),
+                               sandbox=True)
+            os.close(stdin_r)
+            self.close_output_ends()
+            self.feed(stdin_w, test["stdin"].encode())
+            watched = self.watch({binary: "program"}, until="program")
+            if watched is None:
+                return None
+            ran = watched["processes"]["program"]
+            if watched["timed_out"]:
+                break
+            got = self.output[self.stdout].decode("utf-8", "replace")
+            if ran["signal"] is not None or ran["exit_code"] != 0:
+                how = f"signal {ran['signal']}" if ran["signal"] is not None else f"exit code {ran['exit_code']}"
+                outcomes.append({"passed": False, "error": f"the program ended with {how}", "memory": False})
+            elif self.output_exceeded or self.output_bytes > CPP_STDOUT_MAX_BYTES:
+                outcomes.append({"passed": False, "error": "output too long to compare", "memory": False})
+            else:
+                passed = got.split() == test["stdout"].split()  # compared here, outside the sandbox
+                outcomes.append({"passed": passed, "error": None if passed else f"wrong output: {got[:200]!r}",
+                                 "memory": False})
+        report = self.report(watched)
+        report["cpp_tests"] = outcomes
+        return report
+
+    # ---- processes ----
+
+    def fork(self, body, sandbox: bool = False) -> int:
+        # Each sandboxed process is the init of a PID namespace of its own: when it ends, the
+        # kernel kills everything it started, including processes that left with setsid().
+        pid = fork_new_pid_namespace() if sandbox and self.iso.pid_namespace else os.fork()
+        if pid == 0:
+            try:
+                body()
+            except BaseException as e:
+                try:
+                    os.write(2, f"sandbox set-up failed: {type(e).__name__}: {e}\n".encode())
+                finally:
+                    os._exit(70)
+            os._exit(0)
+        return pid
+
+    def close_output_ends(self) -> None:
+        for fd in ("stdout_w", "stderr_w"):
+            if getattr(self, fd) is not None:
+                os.close(getattr(self, fd))
+                setattr(self, fd, None)
+
+    def reset_output(self) -> None:
+        for fd in self.output:
+            os.close(fd)
+        self.stdout, self.stdout_w = os.pipe()
+        self.stderr, self.stderr_w = os.pipe()
+        self.output = {self.stdout: b"", self.stderr: b""}
+        self.output_bytes = 0
+
+    def common_setup(self, uid: int, gid: int, keep: dict, memory_mb: int, processes: int) -> None:
+        """dup2 `keep` (target fd -> source fd) into place, rlimits, the uid, the death signal, no other fds."""
+        null = os.open("/dev/null", os.O_RDWR)
+        keep = {0: null, **keep}
+        supervisor = fcntl.fcntl(self.supervisor, fcntl.F_DUPFD, 64)  # the shuffle below may reuse its number
+        moved = {}
+        for target, fd in keep.items():  # first out of the way (above any target), then into place
+            moved[target] = fcntl.fcntl(fd, fcntl.F_DUPFD, 64)
+        for target, fd in moved.items():
+            os.dup2(fd, target, inheritable=target <= 2)
+        os.setsid()
+        limits = self.limits
+        for which, value in [
+            # As a PID namespace's init, the process ignores SIGXCPU; the kernel's SIGKILL at the
+            # hard limit ends it. A second of margin tells that kill apart from others by CPU used.
+            (resource.RLIMIT_CPU, (limits["cpu_time_s"], limits["cpu_time_s"] + 1)),
+            (resource.RLIMIT_AS, (memory_mb * 2**20,) * 2),
+            (resource.RLIMIT_FSIZE, (limits["file_size_mb"] * 2**20,) * 2),
+            (resource.RLIMIT_NPROC, (processes,) * 2),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ]:
+            resource.setrlimit(which, value)
+        if self.iso.drop_privileges:
+            # Root ignores RLIMIT_NPROC; an ordinary uid cannot fork past it.
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        # After the uid change, which resets it (and leaves the process undumpable: no other
+        # process of the same uid can read its memory through /proc or ptrace it).
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([supervisor], [], [], 0)[0]:
+            os._exit(1)  # the supervisor died before the line above
+        os.closerange(max(keep) + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+    def become_tester(self, channel: int, tests_r: int, record_w: int) -> None:
+        os.chdir("/")
+        self.common_setup(TESTER_UID, TESTER_GID, {1: self.stdout_w, 2: self.stderr_w, 3: channel, 4: tests_r, 5: record_w},
+                          max(256, self.limits["memory_mb"]), 16)
+        request = runner.read_frame(4)
+        record = runner.run_tests(request, 3)
+        runner.flush_output()
+        runner.send_frame(5, record)
+        os._exit(0)
+
+    def become_sandbox(self, channel, body, stdin=None, compile=False) -> None:
+        for path in self.cgroups:  # before the uid change: joining needs root
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write("0")
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # the kernel's out-of-memory killer takes the program first
+        os.chdir(self.workdir)
+        os.environ.clear()
+        os.environ.update(SANDBOX_ENV, HOME=self.workdir, TMPDIR=self.workdir)
+        keep = {1: self.stdout_w, 2: self.stderr_w}
+        if stdin is not None:
+            keep[0] = stdin
+        if channel is not None:
+            keep[3] = channel
+        memory_mb = max(COMPILE_MEMORY_MB, self.limits["memory_mb"]) if compile else self.limits["memory_mb"]
+        self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, self.limits["max_processes"])
+        body()
+
+    def feed(self, fd: int, data: bytes) -> None:
+        """Write a test's stdin without blocking the watch: a program that never reads it must not hang us."""
+        os.set_blocking(fd, False)
+        try:
+            while data:
+                if not select.select([], [fd], [], max(0.0, self.deadline - time.monotonic()))[1]:
+                    break
+                data = data[os.write(fd, data):]
+        except OSError:
+            pass  # it exited or closed its stdin
+        os.close(fd)
+
+    # ---- the run's namespaces, cgroups and scratch space ----
+
+    def enter_run_namespaces(self) -> None:
+        iso = self.iso
+        if iso.mount_namespace:
+            check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+            size = f"size={self.limits['scratch_mb']}m,mode=1777".encode()
+            for path in SCRATCH_DIRS:
+                if os.path.isdir(path):
+                    check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount tmpfs on {path}")
+            self.workdir = "/tmp"
+        else:
+            self.workdir = os.path.join(iso.work_root, "sandbox-" + os.urandom(8).hex())
+            os.mkdir(self.workdir, 0o700)
+            if iso.drop_privileges:
+                os.chown(self.workdir, SANDBOX_UID, SANDBOX_GID)
+        for controller, root in iso.cgroup_roots.items():
+            path = os.path.join(root, "run-" + os.urandom(8).hex())
+            os.mkdir(path)
+            self.cgroups.append(path)
+            if controller == "pids":
+                write(path, "pids.max", str(self.limits["max_processes"]))
+            elif os.path.exists(os.path.join(path, "memory.max")):
+                write(path, "memory.max", str(self.limits["memory_mb"] * 2**20))
+                write(path, "memory.swap.max", "0", missing_ok=True)
+            else:
+                write(path, "memory.limit_in_bytes", str(self.limits["memory_mb"] * 2**20))
+
+    def oom_killed(self) -> bool:
+        for path in self.cgroups:
+            for name in ("memory.events", "memory.oom_control"):
+                try:
+                    with open(os.path.join(path, name)) as f:
+                        for line in f:
+                            key, _, value = line.partition(" ")
+                            if key == "oom_kill" and int(value) > 0:
+                                return True
+                except OSError:
+                    pass
+        return False
+
+    def clean_up(self) -> None:
+        if self.iso.kill_by_uid:
+            for uid in (SANDBOX_UID, TESTER_UID):
+                kill_all_of(uid)
+            left = processes_of((SANDBOX_UID, TESTER_UID))
+            if left:
+                self.anomaly = f"{len(left)} processes of the sandbox users outlived the run"
+            for path in SCRATCH_DIRS:
+                if os.path.isdir(path):
+                    for entry in os.listdir(path):
+                        remove(os.path.join(path, entry))
+        elif self.workdir and not self.iso.mount_namespace:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        for path in self.cgroups:
+            for _ in range(100):  # the last processes of the run may take a moment to leave
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.01)
+            else:
+                self.anomaly = f"cgroup {path} still holds processes"
+
+    # ---- watching ----
+
+    def watch(self, pids: dict, until: str, extra: dict | None = None):
+        """Wait for the process named `until` (the others are killed when it ends), the deadline,
+        or the client hanging up (None). Everything is killed and reaped before this returns."""
+        extra = dict(extra or {})
+        pidfds = {os.pidfd_open(pid): (pid, name) for pid, name in pids.items()}
+        poller = select.poll()
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)
+        pipes = set(self.output) | set(extra)
+        for fd in pipes:
+            poller.register(fd, select.POLLIN)
+        if self.hangup_fd is not None:
+            poller.register(self.hangup_fd, 0)  # POLLHUP is always reported
+        ended, timed_out, drain_deadline = {}, False, None
+        live = dict(pidfds)
+        while True:
+            now = time.monotonic()
+            if live and not timed_out and now >= self.deadline:
+                timed_out = True
+                self.kill_all(live)
+            if not live:
+                if drain_deadline is None:
+                    drain_deadline = now + STOP_GRACE_S
+                if not pipes or now >= drain_deadline:
+                    break  # only a process that escaped the run still holds a pipe past the grace
+            wake = drain_deadline if not live else (None if timed_out else self.deadline)
+            for fd, _ in poller.poll(None if wake is None else max(0.0, wake - now) * 1000):
+                if fd in live:
+                    pid, name = live.pop(fd)
+                    _, status, usage = os.wait4(pid, 0)
+                    poller.unregister(fd)
+                    os.close(fd)
+                    ended[name] = {
+                        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                        "cpu_s": usage.ru_utime + usage.ru_stime,
+                    }
+                    if name == until:
+                        self.kill_all(live)
+                elif fd == self.hangup_fd:
+                    self.kill_all(live)
+                    for pidfd, (pid, _) in live.items():
+                        os.wait4(pid, 0)
+                    return None
+                else:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        poller.unregister(fd)
+                        pipes.discard(fd)
+                    elif fd in extra:
+                        if len(extra[fd]) < RECORD_MAX_BYTES:
+                            extra[fd] += chunk
+                    else:
+                        self.output[fd] = (self.output[fd] + chunk)[-self.keep_bytes:]
+                        self.output_bytes += len(chunk)
+                        if self.output_bytes > self.limits["output_mb"] * 2**20 and not self.output_exceeded:
+                            self.output_exceeded = True
+                            self.kill_all(live)
+        for fd in extra:
+            os.close(fd)
+        return {"processes": ended, "timed_out": timed_out, "extra": extra, "outlived": bool(pipes - set(extra))}
+
+    def kill_all(self, live: dict) -> None:
+        for pid, _ in live.values():
+            try:
+                os.kill(pid, signal.SIGKILL)  # a PID namespace's init: the kernel kills everything in it
+            except ProcessLookupError:
+                pass
+        if self.iso.kill_by_uid:
+            kill_all_of(SANDBOX_UID)
+
+    def report(self, watched: dict, tester=None) -> dict:
+        return {
+            "program": watched["processes"].get("program"),
+            "tester": tester,
+            "timed_out": watched["timed_out"],
+            "output_exceeded": self.output_exceeded,
+            "oom_killed": self.oom_killed(),
+            "outlived": watched["outlived"],
+            "stdout": self.output[self.stdout].decode("utf-8", "replace"),
+            "stderr": self.output[self.stderr].decode("utf-8", "replace"),
+        }
+
+
+def fork_new_pid_namespace() -> int:
+    """fork(), with the child the init of a new PID namespace: clone(CLONE_NEWPID | SIGCHLD).
+    (unshare(CLONE_NEWPID) would work once per process; a C++ run needs one namespace per test.)
+    Python's at-fork handlers do not run; the supervisor is single-threaded, so none are needed."""
+    pid = libc.syscall(SYS_CLONE, CLONE_NEWPID | signal.SIGCHLD, 0, 0, 0, 0)
+    if pid < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"clone(CLONE_NEWPID): {os.strerror(error)}")
+    return pid
+
+
+def write(directory: str, name: str, value: str, missing_ok: bool = False) -> None:
+    try:
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(value)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def kill_all_of(uid: int) -> None:
+    """kill(-1, SIGKILL) as `uid`: every process of that uid, atomically (a fork bomb cannot outrun it)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def processes_of(uids) -> list[int]:
+    """Live (not zombie) processes owned by one of `uids`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields["Uid"].split()[0]) in uids and not fields["State"].strip().startswith(("Z", "X")):
+            found.append(int(entry))
+    return found
+
+
+def remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def probe_isolation(work_root: str) -> tuple[Isolation, dict]:
+    """What this process may use, found by trying each in a throwaway child; and a summary of it."""
+    root = os.geteuid() == 0
+
+    def works(body) -> bool:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                body()
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        return os.waitpid(pid, 0)[1] == 0
+
+    def mounts():
+        check(libc.unshare(CLONE_NEWNS), "unshare")
+        check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "private")
+        check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m"), "tmpfs")
+
+    def pid_namespace():
+        for _ in range(2):
+            pid = fork_new_pid_namespace()
+            if pid == 0:
+                os._exit(0 if os.getpid() == 1 else 1)
+            if os.waitpid(pid, 0)[1] != 0:
+                raise OSError("not pid 1")
+
+    cgroup_roots, cgroup_reason = make_cgroup_roots() if root else ({}, "not root")
+    iso = Isolation(
+        drop_privileges=root,
+        pid_namespace=works(pid_namespace),
+        mount_namespace=root and works(mounts),
+        work_root=work_root,
+        cgroup_roots=cgroup_roots,
+        kill_by_uid=False,
+    )
+    iso.kill_by_uid = root and not iso.pid_namespace
+    summary = {
+        "pid_namespace": iso.pid_namespace,
+        "mount_namespace": iso.mount_namespace,
+        "cgroups": sorted(cgroup_roots),
+        "cgroup_reason": cgroup_reason,
+        "uid": SANDBOX_UID if root else os.geteuid(),
+    }
+    return iso, summary
+
+
+def make_cgroup_roots() -> tuple[dict, str]:
+    """A cgroup of this server's own for each of pids and memory, under the cgroup it runs in.
+    Tried for real (make a child, set a limit, remove it): not every machine lets us."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError as e:
+        return {}, f"cannot read /proc/self/cgroup: {e}"
+    roots, reasons = {}, []
+    name = f"coderloo-sandbox-{os.getpid()}"
+    for controller, limit_file in (("pids", "pids.max"), ("memory", None)):
+        candidates = []
+        for _, controllers, path in lines:
+            if controller in controllers.split(","):
+                candidates.append(os.path.join(f"/sys/fs/cgroup/{controller}", path.lstrip("/")))
+            if controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+                candidates.append(os.path.join("/sys/fs/cgroup", path.lstrip("/")))
+        for base in candidates:
+            path = os.path.join(base, name)
+            try:
+                os.makedirs(path, exist_ok=True)
+                if os.path.exists(os.path.join(base, "cgroup.subtree_control")):
+                    write(base, "cgroup.subtree_control", f"+{controller}")
+                    write(path, "cgroup.subtree_control", f"+{controller}")
+                probe = os.path.join(path, "probe")
+                os.mkdir(probe)
+                ok = os.path.exists(os.path.join(probe, limit_file or "memory.max")) or os.path.exists(
+                    os.path.join(probe, "memory.limit_in_bytes"))
+                os.rmdir(probe)
+                if ok:
+                    roots[controller] = path
+                    break
+                reasons.append(f"{controller}: no limit file under {base}")
+            except OSError as e:
+                reasons.append(f"{controller} at {base}: {e.strerror or e}")
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
+        else:
+            if not candidates:
+                reasons.append(f"{controller}: controller not mounted")
+    return roots, "; ".join(reasons)
+
+
+def remove_cgroup_roots(roots: dict) -> None:
+    for path in roots.values():
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass

@@ -1,0 +1,83 @@
+"""From a supervisor's report to a typed result: the host side's reading of what happened.
+
+What decides `passed` is the tester's record (Python: runner.run_tests, in a process the program
+cannot reach) or the supervisor's own comparison of outputs (C++). The program can only make a
+run look worse: its exit code, its output and anything it claims about itself never make a test
+pass.
+"""
+from __future__ import annotations
+
+import signal
+
+from sandbox_pool.results import ExecutionRequest, Limits, Status, TestOutcome
+
+
+def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
+    if "error" in report:
+        return Status.infra_error, report["error"], []
+    if report["outlived"]:
+        return Status.infra_error, "a process of the program outlived the run", []
+    limits = request.limits
+    if report["output_exceeded"]:
+        return Status.runtime_error, f"the program wrote more than {limits.output_mb} MiB of output", []
+    if request.language == "cpp":
+        return _cpp(report, request)
+    tester = report["tester"]
+    if tester is None:
+        if report["timed_out"]:
+            return _ended(report, limits, [])
+        return Status.infra_error, "the tester ended without a verdict", []
+    load = tester["load"]
+    tests = [TestOutcome(passed=t["passed"] is True, error=t["error"]) for t in tester["tests"]]
+    if load["status"] in ("syntax_error", "runtime_error", "memory_exceeded"):
+        return Status(load["status"]), load["detail"], []
+    if load["status"] == "lost" or tester["lost"]:
+        return _ended(report, limits, tests)  # the program's process ended before the tests did
+    if len(tests) != len(request.tests):
+        return Status.infra_error, f"the tester reported {len(tests)} of {len(request.tests)} tests", []
+    if all(t.passed for t in tests):
+        return Status.passed, "", tests
+    if any(t.get("memory") for t in tester["tests"]):
+        return Status.memory_exceeded, "a test raised MemoryError", tests
+    failed = sum(not t.passed for t in tests)
+    return Status.failed, f"{failed} of {len(tests)} tests failed", tests
+
+
+def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
+    if report.get("compile_failed"):
+        if report["timed_out"] or (report["program"] or {}).get("signal") is not None:
+            return _ended(report, request.limits, [])
+        lines = report["stderr"].strip().splitlines()
+        errors = [line for line in lines if "error" in line] or lines
+        return Status.syntax_error, "compilation failed: " + (errors[0] if errors else "no message"), []
+    tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["cpp_tests"]]
+    if report["timed_out"]:
+        return _ended(report, request.limits, tests)
+    if len(tests) == len(request.tests) and all(t.passed for t in tests):
+        return Status.passed, "", tests
+    failed = sum(not t.passed for t in tests)
+    return Status.failed, f"{failed} of {len(tests)} tests failed", tests
+
+
+def _ended(report: dict, limits: Limits, tests: list[TestOutcome]) -> tuple[Status, str, list[TestOutcome]]:
+    """The program's process ended (or was ended) before its tests finished: how, from the kernel."""
+    if report["timed_out"]:
+        return Status.timeout, f"exceeded the wall-clock limit of {limits.wall_timeout_s:g} s", tests
+    program = report["program"] or {}
+    sig, cpu_s = program.get("signal"), program.get("cpu_s", 0.0)
+    if sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s:
+        return Status.timeout, f"exceeded the CPU time limit of {limits.cpu_time_s} s", tests
+    if report["oom_killed"] or sig == signal.SIGKILL:
+        # Under the CPU limit and not the wall-clock kill: the kernel's out-of-memory killer.
+        return Status.memory_exceeded, "killed by SIGKILL under the CPU limit: out of memory", tests
+    if sig is not None:
+        return Status.runtime_error, f"the program was killed by {_signal_name(sig)}", tests
+    code = program.get("exit_code")
+    return Status.runtime_error, f"the program exited with code {code} before its tests finished", tests
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
