@@ -110,10 +110,10 @@ def train(config: Config, resume: bool = False) -> dict:
     tokenizer = load_tokenizer(model_path)
     init_ray(address=config.ray_address)
     rewards_service = RewardClient(config.reward)
-    learner = LearnerGroup(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr)
+    learner = LearnerGroup(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr, name=out.name)
     workers = [
         # Ray restarts a worker that dies; RolloutGroup.recover brings it back into the weight group.
-        RolloutWorker.options(max_restarts=-1).remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
+        RolloutWorker.options(max_restarts=-1, name=f"coderloo-rollout-{i}-{out.name}").remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
         for i in range(config.rollout.num_workers)
     ]
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync.settings())
@@ -250,6 +250,7 @@ def train(config: Config, resume: bool = False) -> dict:
                 "staleness_mean": sum(staleness) / len(staleness),
                 "staleness_max": max(staleness),
                 "curriculum_level": curriculum.level,
+                "samples": len(flat),
                 "samples_per_s": len(flat) / dt,
                 "samples_per_s_run": len(flat) * (step - first_step + 1) / (time.time() - run_start),
                 # the step's timeline: its rollouts (which overlap earlier steps' training) ...

@@ -19,6 +19,7 @@ from coderloo.tasksets.task import Task
 from reward_service.client import RewardClient
 from reward_service.schemas import ItemReward
 from rollout_workers import GenerationParams, PromptRollout, RolloutGroup
+from rollout_workers.worker import StaleWeightsError
 
 
 @dataclass
@@ -65,6 +66,8 @@ class RolloutJob:
                     c.start()
                 for c in consumers:
                     c.join()
+                if self.error is not None:
+                    raise self.error
                 todo = [i for i in todo if self.result.rollouts[i] is None]
                 if todo:  # a worker died: wait for it to come back with the current weights
                     self.result.retries += 1
@@ -87,3 +90,9 @@ class RolloutJob:
                 self.result.rollouts[index] = rollout
         except ray.exceptions.RayActorError:
             pass  # the worker died: what did not arrive is generated again
+        except ray.exceptions.RayTaskError as e:
+            if not isinstance(e.cause, StaleWeightsError):
+                self.error = e
+            # else Ray restarted the worker (initial weights): recover() brings it back first.
+        except BaseException as e:
+            self.error = e

@@ -14,12 +14,15 @@ class LearnerGroup:
     Rank 0 is the weight source of the rollout group (the other ranks join ZeRO-3's gathers).
     """
 
-    def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None):
+    def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None, name: str | None = None):
         self.config = config
         self.sft_lr = sft_lr or config.lr
         n = config.num_ranks
         options = {"num_gpus": 1} if config.device == "cuda" else {}
-        self.ranks = [Learner.options(**options).remote(model_path, config, temperature, rank, n) for rank in range(n)]
+        self.ranks = [
+            Learner.options(**options, name=f"coderloo-learner-{rank}-{name}" if name else None).remote(model_path, config, temperature, rank, n)
+            for rank in range(n)
+        ]
         addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
         # Every rank joins the group at once (init blocks until all have).
         ray.get([r.setup.remote(addr, port) for r in self.ranks])

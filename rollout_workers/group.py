@@ -63,10 +63,12 @@ class RolloutGroup:
             for i, start in enumerate(range(0, len(prompts), share)):
                 chunk = prompts[start : start + share]
                 index = min(range(len(self.workers)), key=self.load)
-                call = getattr(self.workers[index], method)
+                chunk_seed = None if seed is None else seed + i
                 if method == "generate_stream":
-                    call = call.options(num_returns="streaming")
-                ref = call.remote(chunk, params, None if seed is None else seed + i)
+                    call = self.workers[index].generate_stream.options(num_returns="streaming")
+                    ref = call.remote(chunk, params, chunk_seed, self.version)
+                else:
+                    ref = self.workers[index].generate.remote(chunk, params, chunk_seed)
                 self._inflight[index][ref] = len(chunk)
                 out.append((start, ref))
         return out

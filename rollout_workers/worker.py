@@ -10,6 +10,10 @@ from rollout_workers.types import GenerationParams, PromptRollout
 from rollout_workers.weight_sync import BucketPlan
 
 
+class StaleWeightsError(RuntimeError):
+    """A worker was asked to generate with weights older than the group's (it was restarted)."""
+
+
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, backend: str = "vllm", seed: int = 0, threads: int | None = None):
@@ -34,9 +38,15 @@ class RolloutWorker:
         done = dict(self.generate_stream(prompts, params, seed))
         return [done[i] for i in range(len(prompts))]
 
-    def generate_stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None):
+    def generate_stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None, min_version: int = 0):
         """As `generate`, but yields (index, rollout) as each prompt's samples finish (call with
-        .options(num_returns="streaming"))."""
+        .options(num_returns="streaming")).
+
+        Raises StaleWeightsError if this worker holds weights older than `min_version`: a worker
+        that Ray restarted has its initial weights until the group brings it back.
+        """
+        if self.version < min_version:
+            raise StaleWeightsError(f"worker holds weights version {self.version}, the group is at {min_version}")
         if seed is not None:
             self.backend.reseed(seed)
         yield from self.backend.generate_stream(prompts, params, self.version)

@@ -1,0 +1,119 @@
+"""Faults during training on a real local Ray cluster: a rollout worker or the reward replica is
+killed mid-run and training goes on (the work is redone, no sample counted twice, no step lost);
+the controller is killed with SIGKILL and `coderloo train --resume` finishes the run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+
+from coderloo.config import load_config
+from coderloo.controller import train
+from coderloo.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = [
+    "sft.steps=2",
+    "sft.batch_size=8",
+    "train.prompts_per_step=4",
+    "train.eval_every=0",
+    "rollout.samples_per_prompt=4",
+    "rollout.max_new_tokens=16",
+    "learner.filter_uninformative=false",
+    "tasks.max_eval_tasks=2",
+    "eval.samples_per_task=2",
+    "eval.k=[1]",
+    "eval.greedy=false",
+]
+
+
+def rl_steps(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [r for r in read_metrics(path) if r["phase"] == "rl"] if path.exists() else []
+
+
+def wait_for_step(out: Path, step: int, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not any(r["step"] >= step for r in rl_steps(out)):
+        if time.time() > deadline:
+            raise TimeoutError(f"step {step} not reached in {out}")
+        time.sleep(0.2)
+
+
+def named(prefix: str) -> list[tuple[str, str]]:
+    return [(a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+
+
+def test_killed_rollout_worker_and_reward_replica_do_not_stop_training(ray_cluster, tiny_model, tmp_path):
+    out = tmp_path / "faults"
+    config = load_config("configs/default.yaml", [f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=6",
+                                                  "train.checkpoint_every=0", *SMALL])
+    killed = []
+
+    def killer():
+        wait_for_step(out, 1)
+        for name, namespace in named("coderloo-rollout-0-faults"):
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=False)
+            killed.append(name)
+        wait_for_step(out, 3)
+        for name, namespace in named("SERVE_REPLICA::coderloo-rewards"):
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=False)
+            killed.append(name)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    summary = train(config)
+    thread.join(timeout=5)
+    assert len(killed) == 2, killed  # a rollout worker, then the reward replica
+    steps = rl_steps(out)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]  # no step lost or repeated
+    assert all(r["samples"] == 16 for r in steps)  # no sample lost or counted twice
+    # the worker came back: its in-flight prompts were generated again, or it was restored at a push
+    assert sum(r["rollout_retries"] for r in steps) >= 1 or summary["policy_version"] > 7
+    assert summary["final"]["pass@1"] >= 0.0
+
+
+KILL_AFTER_CHECKPOINT = """
+import sys
+from coderloo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_killed_controller_resumes_from_the_last_checkpoint(ray_cluster, tiny_model, tmp_path):
+    out = tmp_path / "killed"
+    # The controller in its own process, a driver of the test's Ray cluster: when it dies, Ray
+    # removes the actors it owned.
+    gcs = ray.get_runtime_context().gcs_address
+    args = ["train", f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=4", "train.checkpoint_every=2",
+            f"ray_address={gcs}", *SMALL]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", KILL_AFTER_CHECKPOINT, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not (out / "checkpoints" / "latest").exists():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() < deadline
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert json.loads((out / "checkpoints" / "step_2" / "trainer_state.json").read_text())["step"] == 2
+    deadline = time.time() + 60
+    while named("coderloo-") and time.time() < deadline:  # the dead driver's actors go away
+        time.sleep(0.5)
+    assert not named("coderloo-"), named("coderloo-")
+    config = load_config("configs/default.yaml", args[1:])
+    summary = train(config, resume=True)
+    assert [r["step"] for r in rl_steps(out)] == [1, 2, 3, 4]
+    assert summary["policy_version"] >= 5
+    assert (out / "checkpoints" / "final" / "model.safetensors").exists()
