@@ -1,0 +1,50 @@
+"""Curriculum and temperature schedule: pure logic."""
+import random
+
+import pytest
+
+from coderloo.controller import TemperatureSchedule
+from coderloo.curriculum import Curriculum, CurriculumConfig
+from coderloo.tasksets.task import Task
+
+
+def task(name: str, difficulty: int) -> Task:
+    return Task(id=name, prompt="p", tests=["assert True"], entry_point="f", reference="", difficulty=difficulty, source="t", prompt_is_code=True)
+
+
+TASKS = [task(f"easy{i}", 1) for i in range(4)] + [task(f"hard{i}", 2) for i in range(4)]
+
+
+def test_levels_open_as_pass_rates_rise():
+    c = Curriculum(TASKS, CurriculumConfig(enabled=True, unlock_at=0.6, ema=1.0), random.Random(0))
+    assert c.level == 1
+    assert {t.difficulty for t in c.draw(8)} == {1} and len(c.draw(8)) == 4  # only the open level
+    for i in range(4):
+        c.update(f"easy{i}", 0.75)
+    assert c.level == 2
+    assert len(c.draw(8)) == 8
+
+
+def test_draws_favour_tasks_neither_always_nor_never_solved():
+    c = Curriculum(TASKS[:4], CurriculumConfig(enabled=True, ema=1.0, floor=0.01), random.Random(0))
+    for name, rate in (("easy0", 0.0), ("easy1", 1.0), ("easy2", 0.5), ("easy3", 1.0)):
+        c.update(name, rate)
+    counts = {t.id: 0 for t in TASKS[:4]}
+    for _ in range(2000):
+        counts[c.draw(1)[0].id] += 1
+    assert counts["easy2"] > 0.8 * 2000  # weight 0.26 against 0.01 for each of the others
+    assert counts["easy0"] > 0  # the floor keeps every open task drawable
+
+
+def test_state_round_trips():
+    c = Curriculum(TASKS, CurriculumConfig(enabled=True, ema=0.5), random.Random(0))
+    c.update("easy1", 1.0)
+    d = Curriculum(TASKS, CurriculumConfig(enabled=True, ema=0.5), random.Random(0))
+    d.load_state(c.state())
+    assert d.rate == {"easy1": 0.75} and d.level == c.level
+
+
+def test_temperature_schedule():
+    s = TemperatureSchedule(1.0, [(1, 0.9), (101, 0.1)])
+    assert s(1) == pytest.approx(0.9) and s(51) == pytest.approx(0.5) and s(500) == pytest.approx(0.1)
+    assert TemperatureSchedule(0.7, None)(10) == 0.7
