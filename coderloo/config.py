@@ -170,6 +170,12 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
     output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
     seed: int = Field(default=0, description="Seed of task sampling.")
+    replay_groups: int = Field(
+        default=0, ge=0,
+        description="Groups replayed per step from a prioritized buffer of earlier high-advantage groups "
+        "(RLlib's PrioritizedReplayBuffer; 0: none, on-policy only).",
+    )
+    replay_capacity: int = Field(default=256, ge=1, description="Groups the replay buffer holds.")
     max_staleness: int = Field(
         default=1, ge=0,
         description="How many steps generation may run ahead of the learner: 0 is synchronous (generate, "

@@ -80,6 +80,35 @@ class TemperatureSchedule:
         return self.constant if self.schedule is None else float(self.schedule.value(step))
 
 
+class GroupReplay:
+    """Reuse of high-advantage groups from earlier steps, through RLlib's prioritized replay buffer
+    (priority: a group's mean absolute advantage). Replayed samples are off-policy; the clipped
+    ratio and truncated importance sampling against their sampler's logprobs account for it."""
+
+    def __init__(self, groups_per_step: int, capacity: int):
+        from ray.rllib.utils.replay_buffers import PrioritizedReplayBuffer
+
+        self.buffer = PrioritizedReplayBuffer(capacity=capacity, alpha=0.6)
+        self.groups_per_step, self.capacity = groups_per_step, capacity
+        self.store: dict[int, list[TrainSequence]] = {}
+        self.added = 0
+
+    def reuse(self, groups: list[list[TrainSequence]]) -> list[TrainSequence]:
+        """Sequences of `groups_per_step` replayed groups; then `groups` join the buffer."""
+        from ray.rllib.policy.sample_batch import SampleBatch
+
+        replayed = []
+        if len(self.store) >= self.groups_per_step:
+            sample = self.buffer.sample(self.groups_per_step, beta=0.4)
+            replayed = [seq for key in sample["group"] for seq in self.store[int(key)]]
+        for group in groups:
+            self.store[self.added] = group
+            self.buffer.add(SampleBatch({"group": [self.added]}), weight=sum(abs(s.advantage) for s in group) / len(group) + 1e-6)
+            self.store.pop(self.added - self.capacity, None)  # overwritten in the buffer
+            self.added += 1
+        return replayed
+
+
 def push_weights(rollouts_group: RolloutGroup) -> dict:
     """Push the learner's weights; if a worker died during the push, wait for it and push again."""
     try:
@@ -182,6 +211,8 @@ def train(config: Config, resume: bool = False) -> dict:
             }
             write_checkpoint(ckpt_root, name, lambda d: learner.save(str(d), with_state=True), controller_state)
 
+        replay = GroupReplay(config.train.replay_groups, config.train.replay_capacity) if config.train.replay_groups else None
+
         # --- RL: up to 1 + max_staleness steps' rollouts in flight while the learner trains ---
         learn = config.learner
         temperature = TemperatureSchedule(rollout.temperature, rollout.temperature_schedule)
@@ -224,6 +255,8 @@ def train(config: Config, resume: bool = False) -> dict:
             for i, a in enumerate(advantages.flatten().tolist()):
                 sequences[i].advantage = a
             kept = [seq for g, group_keep in enumerate(keep.tolist()) if group_keep for seq in sequences[g * k : (g + 1) * k]]
+            if replay is not None:
+                kept += replay.reuse([sequences[g * k : (g + 1) * k] for g, group_keep in enumerate(keep.tolist()) if group_keep])
 
             # 3. one learner step (the next step's rollouts are being made meanwhile),
             # 4. new weights to the rollout workers

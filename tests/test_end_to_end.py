@@ -28,6 +28,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             "learner.kl_coef=0.05",
             # an untrained model's groups are mostly all-fail: keep them so that the steps learn
             "learner.filter_uninformative=false",
+            "train.replay_groups=1",  # step 2 also learns from one replayed group of step 1
             "tasks.max_eval_tasks=6",
             "eval.samples_per_task=2",
             "eval.k=[1,2]",
