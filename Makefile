@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install train test bench clean
+.PHONY: install train test bench clean sandbox-image
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra tests
+
+# The Docker sandbox's executor image (docker/); rebuilt only when its inputs change.
+sandbox-image: $(STAMP)
+	$(PY) -m sandbox_pool.image build
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -80,9 +80,9 @@ def check(result: int, what: str) -> None:
 
 def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = None) -> None:
     """Read one request from `in_fd`, run it, and `send_report(report)` (unless the client hung up:
-    `hangup_fd` polls POLLHUP when it does)."""
+    `hangup_fd` polls POLLHUP when it does). A clean end of input before a request raises EOFError."""
+    head = runner.read_frame(in_fd)
     try:
-        head = runner.read_frame(in_fd)
         run = Run(head, iso, in_fd, hangup_fd)
         try:
             report = run.python() if head["language"] == "python" else run.cpp()

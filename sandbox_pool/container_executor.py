@@ -1,0 +1,49 @@
+"""The executor inside a sandbox container (the Docker backend's image runs it under tini).
+Standard library only.
+
+The host keeps the container's stdin and stdout attached for the container's whole life: each
+run is two request frames in and one report frame out (runner.py's framing; supervisor.py says
+what is in them). Nothing is started per run but a fork: this loop forks a supervisor, which
+reads the next request itself, so the loop's own memory never holds a request (and the
+processes forked from it never inherit one). One run at a time: after each, the supervisor kills
+every process of the sandbox uids (kill(-1) as that uid) and empties /tmp and /dev/shm. The loop
+ends when the host closes stdin; the container (started with --rm) goes with it.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runner  # noqa: E402
+import supervisor  # noqa: E402
+
+del sys.path[0]
+
+ISOLATION = supervisor.Isolation(
+    drop_privileges=True,
+    pid_namespace=False,  # no CAP_SYS_ADMIN in the container: the container is the namespace
+    mount_namespace=False,
+    work_root="/tmp",
+    cgroup_roots={},  # the container's own cgroup limits the one run it holds at a time
+    kill_by_uid=True,
+)
+END_OF_INPUT = 3
+
+
+def main() -> None:
+    runner.send_frame(1, {"ready": True, "uid": os.geteuid()})
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                supervisor.supervise(0, lambda report: runner.send_frame(1, report), ISOLATION)
+            except EOFError:
+                os._exit(END_OF_INPUT)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == END_OF_INPUT:
+            return
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The Docker backend for real: warm containers of the executor image (make sandbox-image).
+
+Without a Docker engine these tests skip with the reason, except where CODERLOO_REQUIRE_DOCKER=1
+(.ci/run sets it): there a missing engine or image is a failure.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import textwrap
+
+import pytest
+
+from sandbox_pool import ExecutionRequest, IOTest, Limits, Status
+
+
+def docker_backend_or_skip(containers: int = 2):
+    from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
+
+    try:
+        return DockerBackend(containers=containers)
+    except DockerUnavailable as e:
+        if os.environ.get("CODERLOO_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CODERLOO_REQUIRE_DOCKER=1 but: {e}")
+        pytest.skip(str(e))
+
+
+def run_all(requests: list[ExecutionRequest]):
+    backend = docker_backend_or_skip()
+
+    async def go():
+        return [await backend.execute(r) for r in requests]
+
+    try:
+        return asyncio.run(go()), backend
+    finally:
+        backend.close()
+
+
+def labelled_containers(owner: str) -> list:
+    import docker
+
+    return docker.from_env().containers.list(all=True, filters={"label": f"coderloo.sandbox={owner}"})
+
+
+def test_statuses_forgeries_and_cpp_in_containers():
+    add = "def add(a, b):\n    return a + b\n"
+    cases = [
+        (ExecutionRequest(program=add, tests=["assert add(1, 2) == 3"] * 3), Status.passed),
+        (ExecutionRequest(program=add.replace("+", "-"), tests=["assert add(1, 2) == 3"]), Status.failed),
+        (ExecutionRequest(program="def f(:\n", tests=["assert True"]), Status.syntax_error),
+        (ExecutionRequest(program="import os\nos._exit(0)\n", tests=["assert add(1, 2) == 3"]), Status.runtime_error),
+        (ExecutionRequest(program="import sys\nsys.exit(0)\n", tests=["assert add(1, 2) == 3"]), Status.runtime_error),
+        (ExecutionRequest(program=textwrap.dedent("""
+            class Yes:
+                def __eq__(self, other):
+                    return True
+            def add(a, b):
+                return Yes()
+            """), tests=["assert add(1, 2) == 3"]), Status.failed),
+        (ExecutionRequest(program="while True:\n    pass\n", tests=["assert True"], limits=Limits(wall_timeout_s=1)),
+         Status.timeout),
+        (ExecutionRequest(program="block = bytearray(2 * 2**30)\n", tests=["assert True"], limits=Limits(memory_mb=256)),
+         Status.memory_exceeded),
+        (ExecutionRequest(
+            language="cpp", program="#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<\"\\n\";}\n",
+            tests=[IOTest(stdin="1 2", stdout="3"), IOTest(stdin="40 2", stdout="42")], limits=Limits(wall_timeout_s=20)),
+         Status.passed),
+        (ExecutionRequest(program=add, tests=["assert add(2, 2) == 4"]), Status.passed),  # healthy after all that
+    ]
+    results, backend = run_all([r for r, _ in cases])
+    for (request, expected), result in zip(cases, results):
+        assert result.status is expected, (request.program[:60], result.detail, result.stderr[-300:])
+    assert backend.recycled >= 2  # the timeout and the memory kill each replaced their container
+    assert labelled_containers(backend.owner) == []  # close() left nothing behind
