@@ -78,6 +78,8 @@ class Learner(WeightSource):
 
         config = self.config
         torch.manual_seed(config.seed)
+        if config.device == "cpu":
+            torch.set_num_threads(config.threads)
         accelerator = deepspeed.get_accelerator()
         backend = "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
