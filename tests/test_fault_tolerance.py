@@ -113,7 +113,14 @@ def test_killed_controller_resumes_from_the_last_checkpoint(ray_cluster, tiny_mo
         time.sleep(0.5)
     assert not named("coderloo-"), named("coderloo-")
     config = load_config("configs/default.yaml", args[1:])
-    summary = train(config, resume=True)
+    try:
+        summary = train(config, resume=True)
+    finally:
+        # The killed driver had started Serve on this cluster (its HTTP proxy on a port of its
+        # choosing); later tests start their own.
+        from ray import serve
+
+        serve.shutdown()
     assert [r["step"] for r in rl_steps(out)] == [1, 2, 3, 4]
     assert summary["policy_version"] >= 5
     assert (out / "checkpoints" / "final" / "model.safetensors").exists()
