@@ -25,6 +25,7 @@ ISOLATION = supervisor.Isolation(
     work_root="/tmp",
     cgroup_roots={},  # the container's own cgroup limits the one run it holds at a time
     kill_by_uid=True,
+    run_bounds_processes=True,  # the container's pids limit, and it holds one run at a time
 )
 END_OF_INPUT = 3
 

@@ -48,6 +48,10 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
 COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+# RLIMIT_NPROC counts every process of a uid, so concurrent runs share it: one run's fork bomb
+# would make the others' forks fail. Where something else bounds each run (a pids cgroup per
+# run, a container per run), the rlimit is only this backstop for all runs together.
+SHARED_NPROC = 4096
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -70,6 +74,7 @@ class Isolation:
     work_root: str  # where the per-run directory goes when there is no mount namespace
     cgroup_roots: dict  # controller ("pids", "memory") -> a directory to make per-run cgroups in
     kill_by_uid: bool  # after each run, kill(-1) as the sandbox uid (no PID namespace to do it)
+    run_bounds_processes: bool  # a run's process count is bounded per run (pids cgroup, container), not by RLIMIT_NPROC
 
 
 def check(result: int, what: str) -> None:
@@ -105,12 +110,15 @@ class Run:
         self.cgroups = []
         self.anomaly = None
         self.supervisor = os.pidfd_open(os.getpid())  # a sandbox checks that we are still there
+        # Forked before anything of the run exists, so it holds none of the run's descriptors.
+        self.killer = SandboxKiller() if iso.kill_by_uid else None
         self.stdout, self.stdout_w = os.pipe()
         self.stderr, self.stderr_w = os.pipe()
         self.output = {self.stdout: b"", self.stderr: b""}
         self.output_bytes = 0
         self.output_exceeded = False
         self.keep_bytes = OUTPUT_TAIL_BYTES
+        self.killed: set[int] = set()  # pids this supervisor killed (as opposed to the kernel or themselves)
 
     # ---- the two languages ----
 
@@ -288,7 +296,8 @@ class Run:
         if channel is not None:
             keep[3] = channel
         memory_mb = max(COMPILE_MEMORY_MB, self.limits["memory_mb"]) if compile else self.limits["memory_mb"]
-        self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, self.limits["max_processes"])
+        processes = SHARED_NPROC if self.iso.run_bounds_processes else self.limits["max_processes"]
+        self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, processes)
         body()
 
     def feed(self, fd: int, data: bytes) -> None:
@@ -347,8 +356,9 @@ class Run:
 
     def clean_up(self) -> None:
         if self.iso.kill_by_uid:
-            for uid in (SANDBOX_UID, TESTER_UID):
-                kill_all_of(uid)
+            self.killer.kill()
+            self.killer.close()
+            kill_all_of(TESTER_UID)  # the tester cannot fork much (RLIMIT_NPROC), so forking a killer here is safe
             left = processes_of((SANDBOX_UID, TESTER_UID))
             if left:
                 self.anomaly = f"{len(left)} processes of the sandbox users outlived the run"
@@ -406,6 +416,7 @@ class Run:
                         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
                         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
                         "cpu_s": usage.ru_utime + usage.ru_stime,
+                        "killed": pid in self.killed,  # by us: the deadline, the output limit, or the other process ended
                     }
                     if name == until:
                         self.kill_all(live)
@@ -434,12 +445,13 @@ class Run:
 
     def kill_all(self, live: dict) -> None:
         for pid, _ in live.values():
+            self.killed.add(pid)
             try:
                 os.kill(pid, signal.SIGKILL)  # a PID namespace's init: the kernel kills everything in it
             except ProcessLookupError:
                 pass
-        if self.iso.kill_by_uid:
-            kill_all_of(SANDBOX_UID)
+        if self.killer is not None:
+            self.killer.kill()
 
     def report(self, watched: dict, tester=None) -> dict:
         return {
@@ -472,6 +484,58 @@ def write(directory: str, name: str, value: str, missing_ok: bool = False) -> No
     except FileNotFoundError:
         if not missing_ok:
             raise
+
+
+class SandboxKiller:
+    """kill(-1, SIGKILL) as the sandbox uid, from a process forked before the run started: a fork
+    bomb may have taken every pid the container allows, and then the supervisor could not fork a
+    killer. It stays root (out of the program's reach) until its first kill; that kill ends every
+    process of the uid at once, so none is left to reach it afterwards."""
+
+    def __init__(self):
+        requests_r, self.requests = os.pipe()
+        self.acks, acks_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.closerange(3, min(requests_r, acks_w))
+                os.closerange(max(requests_r, acks_w) + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+                for fd in range(min(requests_r, acks_w) + 1, max(requests_r, acks_w)):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                dropped = False
+                while os.read(requests_r, 1):
+                    if not dropped:
+                        os.setgroups([])
+                        os.setgid(SANDBOX_GID)
+                        os.setuid(SANDBOX_UID)
+                        dropped = True
+                    try:
+                        os.kill(-1, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # none left
+                    os.write(acks_w, b"k")
+            finally:
+                os._exit(0)
+        os.close(requests_r)
+        os.close(acks_w)
+
+    def kill(self) -> None:
+        try:
+            os.write(self.requests, b"k")
+            if os.read(self.acks, 1):
+                return
+        except OSError:
+            pass
+        kill_all_of(SANDBOX_UID)  # the killer is gone: fork one after all
+
+    def close(self) -> None:
+        os.close(self.requests)
+        os.close(self.acks)
+        os.waitpid(self.pid, 0)
 
 
 def kill_all_of(uid: int) -> None:
@@ -549,6 +613,7 @@ def probe_isolation(work_root: str) -> tuple[Isolation, dict]:
         work_root=work_root,
         cgroup_roots=cgroup_roots,
         kill_by_uid=False,
+        run_bounds_processes="pids" in cgroup_roots,
     )
     iso.kill_by_uid = root and not iso.pid_namespace
     summary = {

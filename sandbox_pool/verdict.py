@@ -65,10 +65,16 @@ def _ended(report: dict, limits: Limits, tests: list[TestOutcome]) -> tuple[Stat
         return Status.timeout, f"exceeded the wall-clock limit of {limits.wall_timeout_s:g} s", tests
     program = report["program"] or {}
     sig, cpu_s = program.get("signal"), program.get("cpu_s", 0.0)
-    if sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s:
+    # SIGXCPU at the soft limit; a PID namespace's init ignores it and gets the SIGKILL at the hard one.
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s):
         return Status.timeout, f"exceeded the CPU time limit of {limits.cpu_time_s} s", tests
-    if report["oom_killed"] or sig == signal.SIGKILL:
-        # Under the CPU limit and not the wall-clock kill: the kernel's out-of-memory killer.
+    if report["oom_killed"]:
+        return Status.memory_exceeded, "killed by the out-of-memory killer", tests
+    if program.get("killed"):
+        # The tester ended first (it lost the program: a broken protocol) and the supervisor ended the program.
+        return Status.runtime_error, "the program stopped answering its tests", tests
+    if sig == signal.SIGKILL:
+        # Not us, under the CPU limit and no cgroup to ask: taken as the kernel's out-of-memory killer.
         return Status.memory_exceeded, "killed by SIGKILL under the CPU limit: out of memory", tests
     if sig is not None:
         return Status.runtime_error, f"the program was killed by {_signal_name(sig)}", tests

@@ -1,0 +1,557 @@
+"""Hostile programs against both sandbox backends: each case is a program with its tests and the
+typed outcome (Status) it must get. A forgery that worked would turn up as `passed` where the
+case expects `failed` or `runtime_error`; an escape as a planted secret in a result, a connection
+at the test's listener, a file where the program may not write, or a process left behind.
+
+The whole suite of a backend runs in a child process (this file run as a script) inside a network
+namespace this test creates with `unshare --net`, whose only interface is a loopback brought up
+for the test's own listeners: even a broken sandbox could send nothing off the machine. The child
+plants secrets (an environment variable, a root-only file), runs every case, then checks that the
+backend still works (an honest program passes, the same fork server still serves), that no
+process of the sandbox uids and no container is left, and that no secret reached a result.
+
+Docker: the containers' network namespaces belong to the engine, not to the child; the child
+checks that every container of the backend has NetworkMode "none" before any network case runs,
+and fails the suite without probing otherwise. Without Docker the Docker half skips with the
+reason, or fails where CODERLOO_REQUIRE_DOCKER=1.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, Status  # noqa: E402
+
+SANDBOX_UIDS = (65534, 65533)
+PR_SET_CHILD_SUBREAPER = 36
+SECRET_ENV = "CODERLOO_HOSTILE_SECRET"
+OUTSIDE = "203.0.113.7"  # TEST-NET-3: no host has it; in the test's namespace there is no route anyway
+SMALL = dict(wall_timeout_s=3.0, cpu_time_s=3, memory_mb=256, file_size_mb=4, output_mb=1, scratch_mb=16,
+             max_processes=32)
+
+# name -> (program, tests, expected status, extra limits, test_setup). Placeholders filled by the
+# child: @PORT@ (a TCP listener on its loopback), @ABSTRACT@ (an abstract unix socket listener),
+# @SECRET_FILE@ (root-only, holds a secret), @WRITE_DIR@ (root's, mode 0755), @TOKEN@ (only in tests).
+CASES: dict[str, tuple[str, list[str], Status, dict, str]] = {}
+
+
+def case(name, program, tests, expected, limits=None, setup=""):
+    assert name not in CASES
+    CASES[name] = (program, tests, expected, limits or {}, setup)
+
+
+ADD = "def add(a, b):\n    return a + b\n"
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-4, 4) == 0"]
+
+# ---- resources ----
+case("fork_bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+     ADD_TESTS, Status.timeout)
+case("fork_bomb_in_test", "import os\ndef add(a, b):\n    while True:\n        try:\n            os.fork()\n"
+     "        except OSError:\n            pass\n", ADD_TESTS, Status.timeout)
+case("thread_bomb", "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,)).start()\n",
+     ADD_TESTS, Status.runtime_error)
+case("memory_bomb", "block = bytearray(8 * 2**30)\n" + ADD, ADD_TESTS, Status.memory_exceeded)
+case("memory_bomb_gradual", "chunks = []\nwhile True:\n    chunks.append(bytearray(2**20))\n", ADD_TESTS,
+     Status.memory_exceeded)
+case("memory_bomb_in_test", "def add(a, b):\n    return len([0] * 2**31)\n", ADD_TESTS, Status.memory_exceeded)
+case("infinite_loop", "while True:\n    pass\n", ADD_TESTS, Status.timeout)
+case("infinite_loop_in_test", "def add(a, b):\n    while True:\n        pass\n", ADD_TESTS, Status.timeout)
+case("cpu_limit", "while True:\n    pass\n", ADD_TESTS, Status.timeout, dict(wall_timeout_s=30.0, cpu_time_s=1))
+case("sleep_past_deadline", "import time\ntime.sleep(600)\n" + ADD, ADD_TESTS, Status.timeout)
+case("sleep_in_test", "import time\ndef add(a, b):\n    time.sleep(600)\n", ADD_TESTS, Status.timeout)
+case("ignore_signals_and_sleep", "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+     "    signal.signal(s, signal.SIG_IGN)\ntime.sleep(600)\n", ADD_TESTS, Status.timeout)
+case("stdout_gigabytes", "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", ADD_TESTS, Status.runtime_error)
+case("stderr_gigabytes", "import os\nwhile True:\n    os.write(2, b'y' * 65536)\n", ADD_TESTS, Status.runtime_error)
+case("output_from_a_child", "import os, time\nif os.fork() == 0:\n    while True:\n        os.write(1, b'z' * 65536)\n"
+     "time.sleep(600)\n", ADD_TESTS, Status.runtime_error)
+case("huge_file", "with open('big', 'wb') as f:\n    for _ in range(4096):\n        f.write(b'x' * 2**20)\n" + ADD,
+     ADD_TESTS, Status.runtime_error)
+case("sparse_huge_file", "with open('sparse', 'wb') as f:\n    f.seek(2**40)\n    f.write(b'x')\n" + ADD,
+     ADD_TESTS, Status.runtime_error)
+case("fill_scratch", "i = 0\nwhile True:\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * 2**20)\n"
+     "    i += 1\n", ADD_TESTS, Status.runtime_error)
+case("fill_dev_shm", "i = 0\nwhile True:\n    with open(f'/dev/shm/f{i}', 'wb') as f:\n        f.write(b'x' * 2**20)\n"
+     "    i += 1\n", ADD_TESTS, Status.runtime_error)
+case("fill_var_tmp", "i = 0\nwhile True:\n    with open(f'/var/tmp/f{i}', 'wb') as f:\n        f.write(b'x' * 2**20)\n"
+     "    i += 1\n", ADD_TESTS, Status.runtime_error)
+case("deep_recursion", "def add(a, b):\n    return add(a, b) + 1\n", ADD_TESTS, Status.failed)
+case("deep_recursion_no_limit", "import sys\nsys.setrecursionlimit(10**8)\ndef down(n):\n"
+     "    return list(map(down, [n + 1]))\ndown(0)\n", ADD_TESTS, Status.runtime_error)  # through C: the C stack overflows
+case("ctypes_segfault", "import ctypes\nctypes.string_at(0)\n" + ADD, ADD_TESTS, Status.runtime_error)
+case("abort", "import os\nos.abort()\n", ADD_TESTS, Status.runtime_error)
+case("cpp_fork_bomb", "#include <unistd.h>\nint main() { for (;;) fork(); }\n", [{"stdin": "", "stdout": "0"}], Status.timeout,
+     dict(wall_timeout_s=20.0, cpu_time_s=2))
+
+# ---- network (probes return True only if they got through) ----
+PROBE = """import socket
+def probe():
+    try:
+        {body}
+        return True
+    except OSError as e:
+        print(type(e).__name__, e)
+        return False
+"""
+for name, body in {
+    "net_loopback_tcp": "socket.create_connection(('127.0.0.1', @PORT@), timeout=2).close()",
+    "net_outside_tcp": f"socket.create_connection(('{OUTSIDE}', 80), timeout=2).close()",
+    "net_outside_udp": f"socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'hello', ('{OUTSIDE}', 53))",
+    "net_dns": "socket.getaddrinfo('example.com', 80)",
+    "net_abstract_unix": "s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect('\\0@ABSTRACT@')",
+    "net_raw_packets": "socket.socket(socket.AF_PACKET, socket.SOCK_RAW).send(b'x' * 64)",
+}.items():
+    case(name, PROBE.format(body=body), ["assert probe()"], Status.failed)
+
+# ---- the host's files, environment and processes ----
+case("write_outside_scratch", """import os, sys
+def wrote():
+    places = ['@WRITE_DIR@', '/', '/etc', '/usr', '/root', '/var', sys.prefix, os.path.dirname(os.__file__)]
+    runner = sys.modules.get('runner')
+    if runner is not None:
+        places.append(os.path.dirname(runner.__file__))
+    done = []
+    for place in places:
+        try:
+            with open(os.path.join(place, 'hostile-was-here'), 'w') as f:
+                f.write('x')
+            done.append(place)
+        except OSError:
+            pass
+    for target in ['/etc/passwd', getattr(runner, '__file__', '/nonexistent')]:
+        try:
+            with open(target, 'a') as f:
+                f.write('# hostile\\n')
+            done.append(target)
+        except OSError:
+            pass
+    print(done)
+    return done
+""", ["assert wrote()"], Status.failed)
+case("read_environment", f"""import os
+def leak():
+    print(dict(os.environ))
+    return os.environ.get('{SECRET_ENV}')
+""", ["assert leak()"], Status.failed)
+case("read_other_processes_environ", f"""import os
+def leak():
+    found = []
+    for pid in os.listdir('/proc'):
+        try:
+            with open(f'/proc/{{pid}}/environ', 'rb') as f:
+                data = f.read()
+        except OSError:
+            continue
+        if b'{SECRET_ENV}' in data:
+            found.append(data.decode(errors='replace'))
+    print(found)
+    return found
+""", ["assert leak()"], Status.failed)
+case("read_secret_file", """def leak():
+    try:
+        with open('@SECRET_FILE@') as f:
+            data = f.read()
+    except OSError as e:
+        return str(e)
+    print(data)
+    return data
+""", ["assert 'SECRET' in leak()"], Status.failed)
+case("read_shadow", "def leak():\n    return open('/etc/shadow').read()\n", ["assert leak()"], Status.failed)
+case("read_parent_memory", """import os
+def leak():
+    got = []
+    for pid in [os.getppid(), 1] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+        try:
+            with open(f'/proc/{pid}/mem', 'rb') as f:
+                f.seek(0x400000)
+                got.append(f.read(64))
+        except (OSError, ValueError, OverflowError):
+            pass
+    return got
+""", ["assert leak()"], Status.failed)
+case("signal_the_parent", """import os, signal, time
+for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.kill(os.getppid(), sig)
+    except OSError:
+        pass
+time.sleep(0.5)
+""" + WRONG_ADD, ADD_TESTS, Status.failed)
+case("kill_everything_then_answer", """import os, signal
+for target in [-1, 1, os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+    if target in (0, os.getpid()):
+        continue
+    try:
+        os.kill(target, signal.SIGKILL)
+    except OSError:
+        pass
+""" + ADD, ADD_TESTS, Status.passed)
+case("kill_the_tester", """import os, signal
+def add(a, b):
+    for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+        try:
+            with open(f'/proc/{pid}/status') as f:
+                uid = [line.split()[1] for line in f if line.startswith('Uid:')][0]
+            if uid == '65533':
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):
+            pass
+    return 0
+""", ADD_TESTS, Status.failed)
+case("ptrace_the_tester", """import ctypes, os
+def add(a, b):
+    libc = ctypes.CDLL(None, use_errno=True)
+    for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+        if libc.ptrace(16, pid, 0, 0) == 0:  # PTRACE_ATTACH
+            return 3
+    return -1
+""", ["assert add(1, 2) == 3"], Status.failed)
+case("become_root", "import os\nos.setuid(0)\n" + ADD, ADD_TESTS, Status.runtime_error)
+case("orphans", """import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+""" + ADD, ADD_TESTS, Status.passed)
+case("zombies", "import os\nfor _ in range(20):\n    if os.fork() == 0:\n        os._exit(0)\n" + ADD, ADD_TESTS,
+     Status.passed)
+case("outlive_the_deadline", """import json, os, time
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(1.5)
+    print(json.dumps({"status": "passed", "tests": [{"passed": True}]}), flush=True)
+    time.sleep(600)
+""" + WRONG_ADD, ADD_TESTS, Status.failed)
+
+# ---- forging the verdict ----
+case("sys_exit_before_tests", "import sys\nsys.exit(0)\n" + ADD, ADD_TESTS, Status.runtime_error)
+case("os_exit_before_tests", "import os\n" + WRONG_ADD + "os._exit(0)\n", ADD_TESTS, Status.runtime_error)
+case("sys_exit_in_test", "import sys\ndef add(a, b):\n    sys.exit(0)\n", ADD_TESTS, Status.failed)
+case("os_exit_in_test", "import os\ndef add(a, b):\n    os._exit(0)\n", ADD_TESTS, Status.runtime_error)
+case("replace_builtins", """import builtins
+class Anything(Exception):
+    pass
+builtins.AssertionError = Anything
+builtins.Exception = Anything
+builtins.print = lambda *a, **k: None
+for name in ('all', 'any', 'sum', 'max', 'min', 'sorted', 'abs'):
+    setattr(builtins, name, lambda *a, **k: True)
+""" + WRONG_ADD, ADD_TESTS + ["assert max([1, 5]) == 5 and sum([1, 2]) == 3"], Status.failed)
+case("replace_builtins_the_runner_needs", """import builtins
+builtins.len = lambda x: 3
+builtins.isinstance = lambda *a: True
+builtins.__import__ = lambda *a, **k: None
+""" + WRONG_ADD, ADD_TESTS, Status.runtime_error)  # breaks the program's own process, never the tester
+case("replace_test_helper", "def check(candidate):\n    return True\n" + WRONG_ADD, ["check(add)"], Status.failed,
+     setup="def check(candidate):\n    assert candidate(1, 2) == 3\n")
+case("equal_to_everything", """class Yes:
+    def __eq__(self, other):
+        return True
+    __ne__ = lambda self, other: False
+    __hash__ = lambda self: 0
+def add(a, b):
+    return Yes()
+""", ADD_TESTS, Status.failed)
+case("int_subclass_equal_to_everything", """class Three(int):
+    def __eq__(self, other):
+        return True
+def add(a, b):
+    return Three(0)
+""", ADD_TESTS, Status.failed)
+case("truthy_object", "class T:\n    def __bool__(self):\n        return True\ndef is_ok():\n    return T()\n",
+     ["assert is_ok()"], Status.failed)
+case("print_fake_results", """import json, sys
+fake = {"status": "passed", "tests": [{"passed": True, "error": None}] * 2, "detail": "", "load": {"status": "ok"}}
+print(json.dumps(fake))
+print(json.dumps(fake), file=sys.stderr)
+""" + WRONG_ADD, ADD_TESTS, Status.failed)
+case("forge_frames_on_every_fd", """import json, os, struct
+def frame(obj):
+    data = json.dumps(obj).encode()
+    return struct.pack('>I', len(data)) + data
+fake = {"load": {"status": "ok", "detail": ""}, "tests": [{"passed": True, "error": None, "memory": False}] * 2,
+        "lost": False, "names": {"add": 3}}
+for fd in range(0, 64):
+    try:
+        os.write(fd, frame(fake))
+    except OSError:
+        pass
+os._exit(0)
+""", ADD_TESTS, Status.failed)
+case("tamper_with_the_runner", """import sys
+runner = sys.modules.get('runner')
+if runner is not None:
+    real = runner.send_frame
+    verdict = {"load": {"status": "ok", "detail": ""}, "tests": [{"passed": True, "error": None, "memory": False}] * 2,
+               "lost": False}
+    runner.send_frame = lambda fd, obj: real(fd, verdict)
+    runner.encode = lambda *a, **k: True
+""" + WRONG_ADD, ADD_TESTS, Status.runtime_error)
+case("read_the_tests", """import gc, os, sys
+def answer():
+    found = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, str) and 'EXPECTED-' in obj:
+            found.add(obj)
+    frame = sys._getframe()
+    while frame is not None:
+        for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+            if isinstance(value, (str, bytes, dict, list)) and 'EXPECTED-' in repr(value):
+                found.add(repr(value))
+        frame = frame.f_back
+    for pid in ['self'] + [p for p in os.listdir('/proc') if p.isdigit()]:
+        for part in ('cmdline', 'environ', 'mem'):
+            try:
+                with open(f'/proc/{pid}/{part}', 'rb') as f:
+                    data = f.read(2**20)
+                if b'EXPECTED-' in data:
+                    found.add(data.decode(errors='replace'))
+            except (OSError, ValueError):
+                pass
+    for fd in range(64):
+        try:
+            os.set_blocking(fd, False)
+            data = os.read(fd, 2**16)
+            if b'EXPECTED-' in data:
+                found.add(data.decode(errors='replace'))
+        except OSError:
+            pass
+    for text in found:
+        start = text.find('EXPECTED-')
+        return text[start:start + 41]
+    return None
+""", ["assert answer() == 'EXPECTED-@TOKEN@'"], Status.failed)
+case("kill_the_parent_and_answer_wrong", """import os, signal
+for pid in [os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+    if pid in (0, os.getpid()):
+        continue
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+""" + WRONG_ADD, ADD_TESTS, Status.failed)
+
+
+# ---- the child: one backend, in the test's own network namespace ----
+
+def descendants() -> set[int]:
+    """Live processes below this one. The child is a subreaper, so a process of the sandbox that
+    left its parent still counts, unless it escaped this process's tree altogether."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def sandbox_uid_files(directory: str) -> set[str]:
+    found = set()
+    for entry in os.listdir(directory):
+        try:
+            if os.lstat(os.path.join(directory, entry)).st_uid in SANDBOX_UIDS:
+                found.add(entry)
+        except OSError:
+            pass
+    return found
+
+
+def wait_for(condition, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def requests(fill: dict) -> dict[str, ExecutionRequest]:
+    out = {}
+    for name, (program, tests, _, limits, setup) in CASES.items():
+        for key, value in fill.items():
+            program = program.replace(key, value)
+            tests = [t.replace(key, value) if isinstance(t, str) else t for t in tests]
+        language = "cpp" if program.startswith("#include") else "python"
+        out[name] = ExecutionRequest(program=program, tests=tests, test_setup=setup, language=language,
+                                     limits=Limits(**{**SMALL, **limits}))
+    return out
+
+
+async def run_cases(backend, cases: dict[str, ExecutionRequest], concurrency: int) -> dict[str, ExecutionResult]:
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(request):
+        async with slots:
+            return await backend.execute(request)
+
+    results = await asyncio.gather(*(one(r) for r in cases.values()))
+    return dict(zip(cases, results))
+
+
+def child(backend_name: str, out_path: str) -> None:
+    secret = os.environ[SECRET_ENV]
+    report: dict = {"checks": {}}
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract_name = f"coderloo-hostile-{uuid.uuid4().hex}"
+    abstract.bind("\0" + abstract_name)
+    abstract.listen()
+    abstract.setblocking(False)
+    scratch = Path(tempfile.mkdtemp(prefix="hostile-", dir=ROOT / ".cache"))
+    scratch.chmod(0o755)
+    write_dir = scratch / "no-writes"
+    write_dir.mkdir(mode=0o755)
+    secret_file = scratch / "secret"
+    secret_file.write_text(f"SECRET {secret}\n")
+    secret_file.chmod(0o600)
+    token = uuid.uuid4().hex
+    cases = requests({"@PORT@": str(listener.getsockname()[1]), "@ABSTRACT@": abstract_name,
+                      "@SECRET_FILE@": str(secret_file), "@WRITE_DIR@": str(write_dir), "@TOKEN@": token})
+    honest = ExecutionRequest(program=ADD, tests=ADD_TESTS, limits=Limits(**SMALL))
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    shm_before = sandbox_uid_files("/dev/shm")
+
+    async def go():
+        if backend_name == "process":
+            from sandbox_pool import ForkServer
+
+            backend = ForkServer()
+            first = await backend.execute(honest)
+            server_pid = backend._process.pid
+            results = await run_cases(backend, cases, concurrency=4)
+            after = await backend.execute(honest)
+            report["checks"]["same_fork_server"] = backend._process.pid == server_pid and backend._process.poll() is None
+            backend.close()
+            return first, results, after
+        from sandbox_pool.docker_backend import LABEL, DockerBackend, DockerUnavailable
+
+        try:
+            backend = DockerBackend(containers=4)
+        except DockerUnavailable as e:
+            report["unavailable"] = str(e)
+            return None
+        try:
+            first = await backend.execute(honest)
+            modes = [c.attrs["HostConfig"]["NetworkMode"]
+                     for c in backend.client.containers.list(filters={"label": f"{LABEL}={backend.owner}"})]
+            report["checks"]["network_modes"] = sorted(set(modes))
+            if set(modes) != {"none"}:
+                raise SystemExit(f"containers with network modes {modes}: not probing the network from them")
+            results = await run_cases(backend, cases, concurrency=4)
+            after = await backend.execute(honest)
+            report["checks"]["recycled"] = backend.recycled
+        finally:
+            backend.close()
+        owner = {"label": f"{LABEL}={backend.owner}"}
+        wait_for(lambda: not backend.client.containers.list(all=True, filters=owner))
+        report["checks"]["containers_left"] = len(backend.client.containers.list(all=True, filters=owner))
+        return first, results, after
+
+    outcome = asyncio.run(go())
+    if outcome is not None:
+        first, results, after = outcome
+        report["honest_before"] = first.model_dump(mode="json")
+        report["honest_after"] = after.model_dump(mode="json")
+        report["results"] = {name: r.model_dump(mode="json") for name, r in results.items()}
+        everything = json.dumps(report)
+        report["checks"]["secret_in_results"] = secret in everything
+        try:
+            report["checks"]["connections_at_listener"] = len([listener.accept()])
+        except BlockingIOError:
+            report["checks"]["connections_at_listener"] = 0
+        try:
+            report["checks"]["connections_at_abstract"] = len([abstract.accept()])
+        except BlockingIOError:
+            report["checks"]["connections_at_abstract"] = 0
+        report["checks"]["written_in_write_dir"] = os.listdir(write_dir)
+        wait_for(lambda: not descendants())  # the backend is closed: nothing of ours may run
+        report["checks"]["processes_left"] = sorted(descendants())
+        report["checks"]["new_in_dev_shm"] = sorted(sandbox_uid_files("/dev/shm") - shm_before)
+    secret_file.unlink()
+    for entry in write_dir.iterdir():
+        entry.unlink()
+    write_dir.rmdir()
+    scratch.rmdir()
+    Path(out_path).write_text(json.dumps(report))
+
+
+# ---- the tests: one child per backend, then a check per case ----
+
+def run_suite(backend: str, out: Path) -> dict:
+    if os.geteuid() != 0:
+        raise AssertionError("the hostile suite needs root: it creates a network namespace and the sandbox drops to other uids")
+    env = {**os.environ, SECRET_ENV: "secret-" + uuid.uuid4().hex}
+    # lo up: the child's listeners need a loopback; the namespace has nothing else.
+    command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, __file__,
+               backend, str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, f"the {backend} suite failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module", params=["process", "docker"])
+def suite(request, tmp_path_factory) -> tuple[str, dict]:
+    backend = request.param
+    report = run_suite(backend, tmp_path_factory.mktemp("hostile") / f"{backend}.json")
+    if "unavailable" in report:
+        if os.environ.get("CODERLOO_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CODERLOO_REQUIRE_DOCKER=1 but: {report['unavailable']}")
+        pytest.skip(report["unavailable"])
+    return backend, report
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_program_gets_its_status(suite, name):
+    backend, report = suite
+    result = report["results"][name]
+    expected = CASES[name][2]
+    assert result["status"] == expected.value, (backend, name, result["detail"], result["stdout"][-300:],
+                                                result["stderr"][-300:])
+
+
+def test_the_backend_is_healthy_and_nothing_leaked(suite):
+    backend, report = suite
+    checks = report["checks"]
+    assert report["honest_before"]["status"] == "passed", report["honest_before"]["detail"]
+    assert report["honest_after"]["status"] == "passed", report["honest_after"]["detail"]
+    assert len(report["results"]) == len(CASES) >= 40
+    assert not checks["secret_in_results"]
+    assert checks["connections_at_listener"] == 0
+    assert checks["connections_at_abstract"] == 0
+    assert checks["written_in_write_dir"] == []
+    assert checks["processes_left"] == []
+    assert checks["new_in_dev_shm"] == []
+    if backend == "process":
+        assert checks["same_fork_server"]
+    else:
+        assert checks["network_modes"] == ["none"]
+        assert checks["containers_left"] == 0
+        assert checks["recycled"] >= 1  # timeouts and memory kills replace their containers
+
+
+if __name__ == "__main__":
+    child(sys.argv[1], sys.argv[2])
