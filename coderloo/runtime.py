@@ -34,8 +34,13 @@ def apply_env_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
+# The custom resource sandbox executors ask for (sandbox_pool.pool); a cluster's CPU nodes offer it.
+LOCAL_SANDBOX_SLOTS = 64
+
+
 def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
-    """Start (or join, when `address` is given) a Ray cluster; a local one stays on 127.0.0.1."""
+    """Start (or join, when `address` is given) a Ray cluster; a local one stays on 127.0.0.1 and
+    offers the `sandbox` resource for the sandbox pool's executors."""
     import ray
 
     apply_env_defaults()
@@ -48,6 +53,7 @@ def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     ray.init(
         address="local",
         num_cpus=num_cpus,
+        resources={"sandbox": LOCAL_SANDBOX_SLOTS},
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
         runtime_env={"env_vars": env_vars},

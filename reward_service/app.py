@@ -78,7 +78,7 @@ class RewardService:
             from coderloo.models import load_tokenizer
 
             self.tokenizer = load_tokenizer(config.tokenizer_path)
-        self.pool = SandboxPool(config.num_executors, config.concurrency_per_executor)
+        self.pool = SandboxPool(**config.pool_settings().model_dump())
         self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights)
         self.metrics = Metrics()
 

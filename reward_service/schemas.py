@@ -1,13 +1,13 @@
 """The HTTP (and handle) border of the reward service: requests, responses, the app's config."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coderloo.tasksets.task import Task
 from reward_service.weights import RewardWeights
-from sandbox_pool import Limits, Status
+from sandbox_pool import Limits, PoolSettings, Status
 
 MAX_COMPLETION_CHARS = 64_000
 MAX_TOKENS = 32_768
@@ -81,8 +81,16 @@ class AutoscalingSettings(Strict):
 class ServiceConfig(Strict):
     weights: RewardWeights = Field(default_factory=RewardWeights)
     limits: Limits = Field(default_factory=Limits, description="Resource limits of each program run.")
-    num_executors: int = Field(1, ge=1, description="Sandbox executor actors each replica creates.")
-    concurrency_per_executor: int = Field(4, ge=1)
+    sandbox_backend: Literal["process", "docker"] = Field(
+        "process", description="process: sandboxes forked from a warm fork server (no Docker needed); docker: warm "
+        "containers of the sandbox image (`make sandbox-image`).")
+    min_executors: int = Field(1, ge=0, description="Sandbox executor actors each replica's pool keeps when idle.")
+    max_executors: int = Field(4, ge=1, description="Most executors a replica's pool grows to with its queue.")
+    num_executors: int | None = Field(
+        None, ge=0, description="Executors each replica starts with (between min and max; default min_executors).")
+    concurrency_per_executor: int = Field(
+        4, ge=1, description="Programs one executor runs at once; it asks Ray for as many units of the `sandbox` resource.")
+    executor_idle_s: float = Field(60.0, gt=0, description="An executor idle this long is removed (down to min_executors).")
     synthetic_tasks: bool = Field(True, description="Look task ids up in the synthetic suite (all splits).")
     task_files: list[str] = Field(default_factory=list, description="JSONL task files (the one task format) for task ids.")
     tokenizer_path: str | None = Field(None, description="Tokenizer for per-token rewards (None: token ids are refused).")
@@ -90,3 +98,15 @@ class ServiceConfig(Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body (more: 413).")
     replica_cpus: float = Field(0.5, gt=0, description="CPUs Ray reserves for each replica.")
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+
+    @model_validator(mode="after")
+    def _pool(self) -> "ServiceConfig":
+        self.pool_settings()  # an inconsistent pool (min over max, say) fails with the config
+        return self
+
+    def pool_settings(self) -> PoolSettings:
+        return PoolSettings(
+            backend=self.sandbox_backend, min_executors=self.min_executors, max_executors=self.max_executors,
+            initial_executors=self.num_executors, concurrency_per_executor=self.concurrency_per_executor,
+            idle_s=self.executor_idle_s,
+        )

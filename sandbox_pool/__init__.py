@@ -1,5 +1,5 @@
 """Executing untrusted programs: typed requests and results, the process backend, the Ray pool."""
-from sandbox_pool.pool import SandboxExecutor, SandboxPool
+from sandbox_pool.pool import PoolSettings, SandboxExecutor, SandboxPool
 from sandbox_pool.process_backend import ForkServer, execute
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, IOTest, Limits, Status, TestOutcome
 
@@ -9,6 +9,7 @@ __all__ = [
     "ForkServer",
     "IOTest",
     "Limits",
+    "PoolSettings",
     "SandboxExecutor",
     "SandboxPool",
     "Status",

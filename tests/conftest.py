@@ -20,7 +20,7 @@ def ray_cluster():
 
     import ray
 
-    init_ray(num_cpus=4)
+    init_ray(num_cpus=4)  # with the `sandbox` resource for the sandbox pool
     yield ray
     ray.shutdown()
 

@@ -323,7 +323,7 @@ def check_in_order(cases: list[tuple[ExecutionRequest, Status]], results: list[E
 
 def test_pool_runs_mixed_requests_in_order(ray_cluster):
     cases = mixed_requests(50)
-    pool = SandboxPool(num_executors=2, concurrency_per_executor=4)
+    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=4)
     try:
         check_in_order(cases, pool.run([request for request, _ in cases]))
         # submit() hands back refs at once; both halves run at the same time.
@@ -338,7 +338,7 @@ def test_pool_takes_submissions_from_several_threads(ray_cluster):
     from concurrent.futures import ThreadPoolExecutor
 
     cases = mixed_requests(48)
-    pool = SandboxPool(num_executors=2, concurrency_per_executor=4)
+    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=4)
     try:
         chunks = [cases[i : i + 6] for i in range(0, len(cases), 6)]
         with ThreadPoolExecutor(8) as threads:
@@ -486,3 +486,107 @@ def test_hanging_up_kills_the_run():
     seen, left = asyncio.run(cancel_while_running())
     assert seen == 1, "the sleeper never showed up"
     assert left == []
+
+
+# ---- the Ray pool: reruns, scaling, failures, backends ----
+
+def sleepy_requests(count: int, sleep_s: float) -> list[ExecutionRequest]:
+    """Each prints its index and passes after sleeping: long enough to be in flight when we act."""
+    program = "import time\ndef f(i):\n    time.sleep({sleep})\n    return i\nprint({i})\n"
+    return [
+        ExecutionRequest(program=program.format(sleep=sleep_s, i=i), tests=[f"assert f({i}) == {i}"],
+                         limits=Limits(wall_timeout_s=60))
+        for i in range(count)
+    ]
+
+
+def wait_until(condition, timeout_s: float = 60.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def named_executors(ray, pool: SandboxPool) -> list[tuple[str, str]]:
+    from ray.util import list_named_actors
+
+    return [(a["name"], a["namespace"]) for a in list_named_actors(all_namespaces=True)
+            if a["name"].startswith(f"coderloo-sandbox-{pool.pool_id}-")]
+
+
+def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_once(ray_cluster):
+    ray = ray_cluster
+    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=4)
+    try:
+        requests = sleepy_requests(24, sleep_s=1.0)
+        refs = pool.submit(requests)
+        assert wait_until(lambda: pool.stats()["running"] == 8), pool.stats()  # both executors busy, 16 queued
+        name, namespace = named_executors(ray, pool)[0]
+        ray.kill(ray.get_actor(name, namespace=namespace))
+        results = ray.get(refs, timeout=300)
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert len(results) == len(requests)
+    for i, result in enumerate(results):  # each its own request's result, none an infra_error
+        assert result.status is Status.passed, (i, result.status, result.detail)
+        assert result.stdout == f"{i}\n"
+    assert stats["executors_lost"] == 1
+    assert 1 <= stats["reruns"] <= 4  # what the killed executor had in flight
+    assert stats["delivered"] == len(requests)  # one result per request, none twice
+    assert len(stats["ready"]) == 2  # replaced
+
+
+def test_pool_grows_with_its_queue_and_shrinks_when_idle(ray_cluster):
+    pool = SandboxPool(min_executors=1, max_executors=3, concurrency_per_executor=2, idle_s=1.0)
+    try:
+        assert wait_until(lambda: len(pool.stats()["ready"]) == 1)
+        results = pool.run(sleepy_requests(12, sleep_s=0.5))
+        grown = pool.stats()
+        assert wait_until(lambda: len(pool.stats()["executors"]) == 1), pool.stats()
+        shrunk = pool.stats()
+    finally:
+        pool.shutdown()
+    assert [r.status for r in results] == [Status.passed] * 12
+    assert grown["executors_started"] == 3
+    assert shrunk["executors_removed"] == 2 and shrunk["executors_lost"] == 0
+
+
+def test_executors_that_cannot_start_give_infra_errors_not_failed_programs(ray_cluster):
+    from reward_service.scorer import RewardScorer, SandboxInfraError
+    from reward_service.weights import RewardWeights
+    from coderloo.tasksets.synthetic import synthetic_suite
+    from coderloo.runtime import LOCAL_SANDBOX_SLOTS
+
+    # An executor asks for one `sandbox` unit per slot: more than the cluster has never gets a place.
+    pool = SandboxPool(min_executors=1, max_executors=1, concurrency_per_executor=LOCAL_SANDBOX_SLOTS + 1,
+                       start_timeout_s=2.0)
+    try:
+        (result,) = pool.run([ExecutionRequest(program="x = 1", tests=["assert x == 1"])])
+        assert result.status is Status.infra_error
+        assert "`sandbox` resource" in result.detail, result.detail
+        task = synthetic_suite()["train"][0]
+        scorer = RewardScorer(pool, Limits(), RewardWeights())
+        with pytest.raises(SandboxInfraError, match="sandbox"):  # refused, never scored as a failure
+            scorer.score([task], [task.reference[len(task.prompt):]])
+    finally:
+        pool.shutdown()
+
+
+def test_pool_with_the_docker_backend(ray_cluster):
+    from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
+
+    try:
+        DockerBackend(containers=1).close()  # only to know whether an engine and the image are there
+    except DockerUnavailable as e:
+        if os.environ.get("CODERLOO_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CODERLOO_REQUIRE_DOCKER=1 but: {e}")
+        pytest.skip(str(e))
+    cases = mixed_requests(10)
+    pool = SandboxPool(min_executors=1, max_executors=1, concurrency_per_executor=2, backend="docker")
+    try:
+        check_in_order(cases, pool.run([request for request, _ in cases]))
+    finally:
+        pool.shutdown()
