@@ -85,7 +85,9 @@ class ServiceConfig(Strict):
         "process", description="process: sandboxes forked from a warm fork server (no Docker needed); docker: warm "
         "containers of the sandbox image (`make sandbox-image`).")
     min_executors: int = Field(1, ge=0, description="Sandbox executor actors each replica's pool keeps when idle.")
-    max_executors: int = Field(4, ge=1, description="Most executors a replica's pool grows to with its queue.")
+    max_executors: int | None = Field(
+        None, ge=1, description="Most executors a replica's pool grows to with its queue (default: 4, or "
+        "num_executors or min_executors where larger).")
     num_executors: int | None = Field(
         None, ge=0, description="Executors each replica starts with (between min and max; default min_executors).")
     concurrency_per_executor: int = Field(
@@ -106,7 +108,8 @@ class ServiceConfig(Strict):
 
     def pool_settings(self) -> PoolSettings:
         return PoolSettings(
-            backend=self.sandbox_backend, min_executors=self.min_executors, max_executors=self.max_executors,
+            backend=self.sandbox_backend, min_executors=self.min_executors,
+            max_executors=self.max_executors or max(4, self.num_executors or 0, self.min_executors),
             initial_executors=self.num_executors, concurrency_per_executor=self.concurrency_per_executor,
             idle_s=self.executor_idle_s,
         )
