@@ -1,5 +1,5 @@
-"""Faults during training on a real local Ray cluster: a rollout worker or the reward replica is
-killed mid-run and training goes on (the work is redone, no sample counted twice, no step lost);
+"""Faults during training on a real local Ray cluster: a rollout worker, the reward replica and a
+sandbox executor are killed mid-run and training goes on (the work is redone, no sample counted twice, no step lost);
 the controller is killed with SIGKILL and `coderloo train --resume` finishes the run."""
 import json
 import os
@@ -65,12 +65,19 @@ def test_killed_rollout_worker_and_reward_replica_do_not_stop_training(ray_clust
         for name, namespace in named("SERVE_REPLICA::coderloo-rewards"):
             ray.kill(ray.get_actor(name, namespace=namespace), no_restart=False)
             killed.append(name)
+        wait_for_step(out, 4)
+        executors = named("coderloo-sandbox-")  # the new replica's pool
+        if executors:
+            name, namespace = executors[0]
+            ray.kill(ray.get_actor(name, namespace=namespace))
+            killed.append(name)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     summary = train(config)
     thread.join(timeout=5)
-    assert len(killed) == 2, killed  # a rollout worker, then the reward replica
+    # a rollout worker, the reward replica, then a sandbox executor of the replica that replaced it
+    assert len(killed) == 3, killed
     steps = rl_steps(out)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]  # no step lost or repeated
     assert all(r["samples"] == 16 for r in steps)  # no sample lost or counted twice
