@@ -66,9 +66,10 @@ def test_killed_rollout_worker_and_reward_replica_do_not_stop_training(ray_clust
             ray.kill(ray.get_actor(name, namespace=namespace), no_restart=False)
             killed.append(name)
         wait_for_step(out, 4)
-        executors = named("coderloo-sandbox-")  # the new replica's pool
-        if executors:
-            name, namespace = executors[0]
+        deadline = time.time() + 120
+        while not named("coderloo-sandbox-") and time.time() < deadline:  # the new replica's pool at work
+            time.sleep(0.02)
+        for name, namespace in named("coderloo-sandbox-")[:1]:
             ray.kill(ray.get_actor(name, namespace=namespace))
             killed.append(name)
 
@@ -115,10 +116,13 @@ def test_killed_controller_resumes_from_the_last_checkpoint(ray_cluster, tiny_mo
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert json.loads((out / "checkpoints" / "step_2" / "trainer_state.json").read_text())["step"] == 2
+    def drivers_actors():
+        return named("coderloo-rollout-") + named("coderloo-learner-")
+
     deadline = time.time() + 60
-    while named("coderloo-") and time.time() < deadline:  # the dead driver's actors go away
+    while drivers_actors() and time.time() < deadline:  # the dead driver's actors go away
         time.sleep(0.5)
-    assert not named("coderloo-"), named("coderloo-")
+    assert not drivers_actors(), drivers_actors()
     config = load_config("configs/default.yaml", args[1:])
     try:
         summary = train(config, resume=True)
