@@ -64,22 +64,27 @@ class NotPlain(TypeError):
 
 def encode(value, handle=None, depth: int = 0):
     """A JSON form of a plain builtin value. Exact types only: a subclass of int or str could
-    carry its own __eq__. `handle(obj)` turns any other object into a reference, or raises."""
+    carry its own __eq__ (a dict subclass crosses as a plain dict of its items). `handle(obj)`
+    turns any other object into a reference, or raises."""
     if depth > MAX_DEPTH:
         raise NotPlain("value nested too deeply")
     kind = type(value)
     if value is None or kind is bool or kind is str or kind is float:
         return value
     if kind is int:
-        if value.bit_length() > 10_000:
-            raise NotPlain("integer too large")
-        return value
+        # Big ints travel in hex: parsed in linear time (decimal parsing is quadratic, and
+        # json.loads refuses over 4300 digits). HumanEval+ 83 and 139 return such ints.
+        return value if value.bit_length() <= 10_000 else {"int": format(value, "x")}
     if kind is list:
         return [encode(v, handle, depth + 1) for v in value]
     if kind is tuple:
         return {"tuple": [encode(v, handle, depth + 1) for v in value]}
     if kind is dict:
         return {"dict": [[encode(k, handle, depth + 1), encode(v, handle, depth + 1)] for k, v in value.items()]}
+    if isinstance(value, dict):
+        # A dict subclass (Counter, OrderedDict, defaultdict) crosses as the plain dict of its items,
+        # read with dict's own method: none of the subclass's behaviour reaches the tester.
+        return {"dict": [[encode(k, handle, depth + 1), encode(v, handle, depth + 1)] for k, v in dict.items(value)]}
     if kind is set or kind is frozenset:
         return {kind.__name__: [encode(v, handle, depth + 1) for v in value]}
     if kind is bytes:
@@ -107,6 +112,8 @@ def decode(data, resolve=None, depth: int = 0):
         return resolve(body)
     if tag == "bytes" and type(body) is str:
         return bytes.fromhex(body)
+    if tag == "int" and type(body) is str:
+        return int(body, 16)
     if type(body) is not list:
         raise NotPlain(f"malformed value: {str(data)[:80]}")
     items = [decode(v, resolve, depth + 1) for v in body]
