@@ -1,4 +1,5 @@
-"""Loaders that turn the public benchmark files (MBPP, sanitized MBPP, HumanEval) into Tasks.
+"""Loaders that turn the public benchmark files (MBPP, sanitized MBPP, HumanEval; HumanEval+ and
+MBPP+ through evalplus.py) into Tasks.
 
 Each loader reads the file as published (see ../shared/data/README.md) and returns list[Task].
 A malformed file raises TaskFileError naming where (file:line, or file: record N for a JSON
@@ -143,16 +144,49 @@ def load_humaneval(path: str | Path) -> list[Task]:
     return build_tasks(path, jsonl_records(path), fields, _humaneval_task)
 
 
+MBPP_SHOTS = (2, 3, 4)  # the MBPP paper's few-shot prompt uses these tasks
+
+
+def mbpp_few_shot(tasks: list[Task], shots: tuple[int, ...] = MBPP_SHOTS) -> list[Task]:
+    """The tasks with the MBPP paper's few-shot prompt for base models: for each shot, its
+    zero-shot prompt, then `[BEGIN]`, its reference code and `[DONE]`; then the task's own
+    prompt and `[BEGIN]`. The model's answer ends at `[DONE]` (a stop sequence)."""
+    by_number = {int(t.id.rsplit("/", 1)[1]): t for t in tasks}
+    missing = [n for n in shots if n not in by_number]
+    if missing:
+        raise ValueError(f"the few-shot prompt needs tasks {list(shots)}; the file lacks {missing}")
+    prefix = "".join(
+        f"{by_number[n].prompt}[BEGIN]\n{by_number[n].reference.strip()}\n[DONE]\n\n" for n in shots
+    )
+    return [t.model_copy(update={"prompt": f"{prefix}{t.prompt}[BEGIN]\n"}) for t in tasks]
+
+
+def _evalplus(plus: bool) -> Callable[[str | Path], list[Task]]:
+    def load(path: str | Path) -> list[Task]:
+        from coderloo.tasksets.evalplus import load_evalplus  # it imports this module
+
+        return load_evalplus(path, plus=plus)
+
+    return load
+
+
 LOADERS: dict[str, Callable[[str | Path], list[Task]]] = {
     "mbpp": load_mbpp,
     "mbpp-sanitized": load_sanitized_mbpp,
     "humaneval": load_humaneval,
     "jsonl": load_jsonl,
+    "mbpp-3shot": lambda path: mbpp_few_shot(load_mbpp(path)),
+    "mbpp-sanitized-3shot": lambda path: mbpp_few_shot(load_sanitized_mbpp(path)),
+    "humaneval+": _evalplus(plus=True),
+    "mbpp+": _evalplus(plus=True),
+    "humaneval+base": _evalplus(plus=False),
+    "mbpp+base": _evalplus(plus=False),
 }
 
 
 def load_task_set(name: str, path: str | Path) -> list[Task]:
-    """Load a task set by its format name: mbpp, mbpp-sanitized, humaneval, or jsonl (Task records)."""
+    """Load a task set by its format name (a key of LOADERS): mbpp, mbpp-sanitized, humaneval,
+    jsonl (Task records), their 3-shot MBPP forms, or the EvalPlus sets (evalplus.py)."""
     try:
         loader = LOADERS[name]
     except KeyError:
