@@ -4,8 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from pathlib import Path
 
 from coderloo.config import ConfigError, load_config
+from coderloo.tasksets.task import TaskFileError
 from coderloo.runtime import apply_env_defaults
 
 
@@ -27,27 +30,70 @@ def cmd_eval(args) -> int:
     from coderloo.controller import resolve
     from coderloo.evaluation import evaluate
     from coderloo.runtime import init_ray
+    from coderloo.tasksets.evalsets import eval_set, load_eval_set
     from coderloo.tasksets.loading import load_tasks
     from reward_service.client import RewardClient
     from rollout_workers import RolloutGroup, RolloutWorker
 
     config = _config(args)
-    _, tasks = load_tasks(config.tasks)
+    sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
+    # (tasks, stop sequences) per set: the benchmark sets, or the config's evaluation set
+    suites = {}
+    if sets:
+        try:
+            [eval_set(name) for name in sets]
+        except ValueError as e:
+            raise ConfigError(f"--sets / eval.sets: {e}") from None
+        data_dir = resolve(args.data_dir or config.eval.data_dir)
+        for name in sets:
+            suites[name] = (load_eval_set(name, data_dir, config.tasks.max_eval_tasks), list(eval_set(name).stop))
+    else:
+        suites[config.tasks.eval_set] = (load_tasks(config.tasks)[1], config.rollout.stop)
+    model = str(resolve(args.model or config.model.path))
     init_ray(address=config.ray_address)
     rewards_service = RewardClient(config.reward)
-    model = str(resolve(args.model or config.model.path))
-    workers = [RolloutWorker.remote(model, config.rollout.backend, threads=config.rollout.threads)]
-    try:
-        result = evaluate(
-            RolloutGroup(workers), rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
-            temperature=config.eval.temperature, max_new_tokens=config.rollout.max_new_tokens,
-            stop=config.rollout.stop, greedy=config.eval.greedy,
+    workers = [
+        RolloutWorker.options(num_gpus=config.eval.gpus_per_worker).remote(
+            model, config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads
         )
+        for i in range(config.rollout.num_workers)
+    ]
+    results = {}
+    try:
+        for name, (tasks, stop) in suites.items():
+            started = time.monotonic()
+            metrics = evaluate(
+                RolloutGroup(workers), rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
+                temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
+                stop=stop, greedy=config.eval.greedy, seed=config.train.seed, sampled=config.eval.sampled,
+            )
+            results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
     finally:
-        ray.kill(workers[0])
+        for worker in workers:
+            ray.kill(worker)
         rewards_service.close()
-    print(json.dumps({"model": model, "tasks": len(tasks), **result}, indent=2))
+    if sets:
+        report = {"model": model, "samples_per_task": config.eval.samples_per_task,
+                  "temperature": config.eval.temperature, "sets": results}
+    else:  # one set: its numbers at the top level
+        report = {"model": model, "set": config.tasks.eval_set, **results[config.tasks.eval_set]}
+    print(json.dumps(report, indent=2))
+    print(results_table(results))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def results_table(results: dict[str, dict]) -> str:
+    """One row per set: tasks, each pass@k and greedy pass@1 in percent."""
+    metrics = [m for m in dict.fromkeys(k for r in results.values() for k in r) if "pass@" in m]
+    header = ["set", "tasks"] + [m.replace("_", " ") for m in metrics]
+    rows = [[name, str(r["tasks"])] + [f"{100 * r[m]:.1f}%" if m in r else "-" for m in metrics] for name, r in results.items()]
+    widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(line, widths)) + " |" for line in [header] + rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
 
 
 def cmd_tasks(args) -> int:
@@ -74,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=fn)
         if name == "eval":
             p.add_argument("--model", default=None, help="model directory (default: model.path)")
+            p.add_argument(
+                "--sets", default=None,
+                help="comma-separated benchmark sets: mbpp, mbpp-sanitized, humaneval, humaneval+, mbpp+, "
+                "humaneval+base, mbpp+base (default: eval.sets, else tasks.eval_set)",
+            )
+            p.add_argument("--data-dir", default=None, help="directory of the benchmark files (default: eval.data_dir)")
+            p.add_argument("--out", default=None, help="also write the JSON report to this file")
         if name == "train":
             p.add_argument(
                 "--resume", action="store_true",
@@ -86,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, TaskFileError) as e:
         print(f"coderloo: {e}", file=sys.stderr)
         return 2
 

@@ -155,12 +155,23 @@ class EvalConfig(Section):
     k: list[int] = Field(default_factory=lambda: [1, 4], description="The k of each reported pass@k (each <= samples_per_task).")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of the evaluation samples.")
     greedy: bool = Field(default=True, description="Also report greedy pass@1.")
+    sampled: bool = Field(default=True, description="Report pass@k from samples_per_task samples (false: greedy only).")
+    sets: list[str] = Field(
+        default_factory=list,
+        description="`coderloo eval`: benchmark sets to evaluate (mbpp, mbpp-sanitized, humaneval, humaneval+, "
+        "mbpp+, humaneval+base, mbpp+base; see coderloo/tasksets/evalsets.py); empty: tasks.eval_set.",
+    )
+    data_dir: str = Field(default="../shared/data", description="`coderloo eval`: directory of the benchmark files (relative: from the repository root).")
+    max_new_tokens: int | None = Field(default=None, ge=1, description="`coderloo eval`: longest completion (None: rollout.max_new_tokens).")
+    gpus_per_worker: float = Field(default=0.0, ge=0, description="`coderloo eval`: GPUs each rollout worker reserves in Ray (1 on a GPU machine, so that vLLM sees it).")
 
     @model_validator(mode="after")
     def _k(self) -> "EvalConfig":
         bad = [k for k in self.k if not 1 <= k <= self.samples_per_task]
         if bad:
             raise ValueError(f"each k must be between 1 and samples_per_task={self.samples_per_task}, got {bad}")
+        if not (self.sampled or self.greedy):
+            raise ValueError("sampled and greedy are both false: nothing to evaluate")
         return self
 
 

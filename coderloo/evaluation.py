@@ -30,15 +30,18 @@ def evaluate(
     stop: list[str],
     greedy: bool,
     seed: int | None = None,
+    sampled: bool = True,
 ) -> dict[str, float]:
-    """pass@k over `tasks` from n samples each; with `greedy`, also greedy pass@1."""
+    """pass@k over `tasks` from n samples each (unless not `sampled`); with `greedy`, also greedy pass@1."""
     prompts = [t.prompt for t in tasks]
-    params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
-    rollouts = rollouts_group.generate(prompts, params, seed)
-    pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
-    rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
-    correct = np.array([r.passed for r in rewards]).reshape(len(tasks), n).sum(axis=1)
-    metrics = {f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct])) for k in ks}
+    metrics: dict[str, float] = {}
+    if sampled:
+        params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
+        rollouts = rollouts_group.generate(prompts, params, seed)
+        pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
+        rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
+        correct = np.array([r.passed for r in rewards]).reshape(len(tasks), n).sum(axis=1)
+        metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct])) for k in ks})
     if greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
         rollouts = rollouts_group.generate(prompts, params)

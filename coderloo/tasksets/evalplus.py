@@ -20,7 +20,8 @@ Two oddities of the MBPP+ v0.2.0 data:
 
 Left out: inputs whose expected output is over evalplus_oracle.MAX_OUTPUT_BYTES (4 MiB) encoded,
 since the program's output would have to cross the sandbox's plain-value channel and be held
-by the tester: 5 plus inputs of Mbpp/255 (outputs of 27 MB to 1 GB). `left_out()` lists them.
+by the tester. In these files: 5 plus inputs of Mbpp/255 (outputs of 27 MB to 1 GB), and 32
+of HumanEval+ (21 of HumanEval/15, 1 of /100, 10 of /130). `left_out()` lists them.
 """
 from __future__ import annotations
 

@@ -1,0 +1,246 @@
+"""EvalPlus sets (HumanEval+, MBPP+) and the benchmark sets of `coderloo eval`: the oracle's rules,
+the loaders, and every reference solution passing its own tests in the real sandbox.
+
+The sandbox check runs every base input and an evenly spread subset of PLUS_LIMIT plus inputs
+per task (about 4 minutes on 2 cores). The full check, every plus input, takes longer:
+
+    CODERLOO_EVALPLUS_FULL=1 .venv/bin/python -m pytest -q tests/test_evalplus.py -k reference
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from coderloo.tasksets import evalplus_oracle as oracle
+from coderloo.tasksets.evalplus import file_sha256, left_out, load_evalplus
+from coderloo.tasksets.evalsets import EVAL_SETS, load_eval_set
+from coderloo.tasksets.task import Task, TaskFileError
+
+FULL = os.environ.get("CODERLOO_EVALPLUS_FULL") == "1"
+PLUS_LIMIT = None if FULL else 25
+HUMANEVAL_PLUS = "HumanEvalPlus-v0.1.10.jsonl.gz"
+MBPP_PLUS = "MbppPlus-v0.2.0.jsonl.gz"
+
+
+# ---- the oracle, as pure logic (it runs in the sandbox's tester in real use) ----
+
+def _oracle(dataset, entry_point, cases, atol=0, num_base=None):
+    namespace = {"__name__": "evalplus_oracle"}
+    exec(Path(oracle.__file__).read_text(), namespace)
+    encoded = [[oracle.encode(args), oracle.encode(out)] for args, out in cases]
+    namespace["load"](dataset, entry_point, atol, len(cases) if num_base is None else num_base, json.dumps(encoded))
+    return namespace["check"]
+
+
+def test_codec_round_trips_the_values_tasks_use():
+    value = [(1, 2), {3, 4}, frozenset({5}), {(1, 2): "a", 3: [None, True]}, 1.5, complex(1, -2), b"\x00\xff",
+             2**20000, -(2**20000), "é", float("inf")]
+    assert oracle.decode(json.loads(json.dumps(oracle.encode(value)))) == value
+    assert math.isnan(oracle.decode(json.loads(json.dumps(oracle.encode(float("nan"))))))
+    from collections import Counter
+
+    assert oracle.decode(oracle.encode(Counter("aab"))) == {"a": 2, "b": 1}
+    with pytest.raises(TypeError, match="not a plain value: map"):
+        oracle.encode(map(str, []))
+
+
+def test_exact_match_and_float_tolerance():
+    check = _oracle("humaneval", "f", [([1], 2), ([2], [1.0, 2.0])])
+    check(lambda x: 2, 0)
+    with pytest.raises(AssertionError, match="input 0"):
+        check(lambda x: 3, 0)
+    # a float expectation gets atol 1e-6 (and rtol 1e-7), of the same type and length only
+    check(lambda x: [1.0 + 5e-7, 2.0], 1)
+    with pytest.raises(AssertionError):
+        check(lambda x: [1.0 + 1e-5, 2.0], 1)
+    with pytest.raises(AssertionError):
+        check(lambda x: (1.0, 2.0), 1)
+    with pytest.raises(AssertionError):
+        check(lambda x: [1.0, 2.0, 3.0], 1)
+
+
+def test_record_atol_and_sticky_float_atol():
+    check = _oracle("mbpp", "f", [([1], 1.0), ([2], 5)], atol=1e-4)
+    check(lambda x: 1.00005, 0)
+    with pytest.raises(AssertionError):
+        check(lambda x: 1.001, 0)
+    # EvalPlus: once a float was expected, atol stays 1e-6 for the rest of the input group,
+    # so an int output close to an int expectation... is still compared with type and allclose
+    check = _oracle("humaneval", "f", [([1], 1.0), ([2], [1, 2])])
+    check(lambda x: 1.0, 0)
+    with pytest.raises(AssertionError):
+        check(lambda x: [1, 3], 1)
+    check(lambda x: [1, 2], 1)
+
+
+def test_special_oracles():
+    # HumanEval/32 find_zero: |poly(xs, x)| <= atol, whatever root the program found
+    check = _oracle("humaneval", "find_zero", [([[-6, 11, -6, 1]], 1.0)], atol=1e-4)
+    check(lambda xs: 3.0, 0)
+    check(lambda xs: 2.0, 0)
+    with pytest.raises(AssertionError, match="poly"):
+        check(lambda xs: 2.5, 0)
+    # MBPP set comparisons
+    check = _oracle("mbpp", "similar_elements", [([(1, 2), (2, 1)], (1, 2))])
+    check(lambda a, b: (2, 1), 0)
+    check(lambda a, b: [1, 2, 2], 0)
+    with pytest.raises(AssertionError):
+        check(lambda a, b: (1,), 0)
+    # MBPP: only None-ness matters (the canonical output was a re.Match: expected True)
+    check = _oracle("mbpp", "text_match_three", [(["abbb"], True), (["a"], False)])
+    check(lambda s: object(), 0)
+    check(lambda s: True, 0)
+    check(lambda s: None, 1)
+    with pytest.raises(AssertionError):
+        check(lambda s: None, 0)
+    with pytest.raises(AssertionError):
+        check(lambda s: True, 1)
+    # MBPP sum_div also accepts 0; surface_Area and digit_distance_nums also EvalPlus's own oracle
+    check = _oracle("mbpp", "sum_div", [([8], 7)])
+    check(lambda n: 0, 0)
+    check = _oracle("mbpp", "digit_distance_nums", [([123, 9], 99)])
+    check(lambda a, b: oracle._digit_distance_nums(123, 9), 0)
+
+
+# ---- the loaders ----
+
+@pytest.fixture(scope="module")
+def evalplus_sets(shared_data, tmp_path_factory):
+    return {
+        "humaneval+": load_evalplus(shared_data / HUMANEVAL_PLUS, plus_limit=PLUS_LIMIT),
+        "mbpp+": load_evalplus(shared_data / MBPP_PLUS, plus_limit=PLUS_LIMIT),
+    }
+
+
+def test_evalplus_tasks(evalplus_sets, shared_data):
+    he, mbpp = {t.id: t for t in evalplus_sets["humaneval+"]}, {t.id: t for t in evalplus_sets["mbpp+"]}
+    assert len(he) == 164 and len(mbpp) == 378
+    first = he["humaneval+/0"]
+    assert first.prompt_is_code and first.entry_point == "has_close_elements" and first.source == "humaneval+"
+    assert first.tests[0] == "_evalplus['check'](has_close_elements, 0)"
+    assert first.reference.startswith(first.prompt)
+    # the expected outputs are in the tester's setup, never in the program
+    assert "_evalplus['load']('humaneval'" in first.test_setup and first.test_setup not in first.program("pass")
+    # Mbpp/793: plus_input is {} in v0.2.0: its base inputs only
+    assert len(mbpp["mbpp+/793"].tests) == 3
+    # the base variant: the base inputs only
+    base = {t.id: t for t in load_evalplus(shared_data / HUMANEVAL_PLUS, plus=False)}
+    assert len(base["humaneval+base/0"].tests) == 7
+    # inputs whose expected outputs are too large to cross the sandbox's channel (over 4 MiB)
+    assert left_out(shared_data / MBPP_PLUS) == {"Mbpp/255": [85, 86, 90, 96, 100]}
+    assert {k: len(v) for k, v in left_out(shared_data / HUMANEVAL_PLUS).items()} == {
+        "HumanEval/15": 21, "HumanEval/100": 1, "HumanEval/130": 10}
+    cache = Path(__file__).resolve().parent.parent / ".cache" / "evalplus"
+    assert any(p.name.startswith(file_sha256(shared_data / MBPP_PLUS)) for p in cache.iterdir())
+
+
+def test_a_bad_evalplus_file_names_the_line(tmp_path, shared_data):
+    with gzip.open(shared_data / MBPP_PLUS, "rt") as f:
+        lines = [f.readline(), f.readline()]
+    record = json.loads(lines[1])
+    del record["atol"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + json.dumps(record) + "\n")
+    with pytest.raises(TaskFileError, match=r"bad.jsonl:2: missing field 'atol'"):
+        load_evalplus(bad, cache_dir=tmp_path)
+    record = json.loads(lines[0])
+    record["canonical_solution"] = "def similar_elements(a, b):\n    raise KeyError('boom')\n"
+    bad.write_text(json.dumps(record) + "\n")
+    with pytest.raises(TaskFileError, match=r"bad.jsonl:1: the canonical solution of Mbpp/2 fails on its base inputs: KeyError"):
+        load_evalplus(bad, cache_dir=tmp_path)
+
+
+def test_mbpp_three_shot_prompt(shared_data):
+    tasks = {t.id: t for t in load_eval_set("mbpp", shared_data)}
+    assert len(tasks) == 500 and min(int(i.split("/")[1]) for i in tasks) == 11
+    prompt = tasks["mbpp/11"].prompt
+    assert prompt.count("[BEGIN]") == 4 and prompt.count("[DONE]") == 3 and prompt.endswith("[BEGIN]\n")
+    assert prompt.index("similar_elements") < prompt.index("is_not_prime") < prompt.index("heap_queue_largest")
+    sanitized = load_eval_set("mbpp-sanitized", shared_data)
+    assert len(sanitized) == 257 and all(t.prompt.endswith("[BEGIN]\n") for t in sanitized)
+
+
+# ---- every reference solution passes in the real sandbox ----
+
+def _failing_references(pool, tasks: list[Task], limits) -> dict[str, str]:
+    from sandbox_pool import ExecutionRequest, Status
+
+    requests = [ExecutionRequest(program=t.reference, tests=t.tests, test_setup=t.test_setup, limits=limits) for t in tasks]
+    results = pool.run(requests)
+    return {
+        t.id: f"{r.status.value}: {r.detail} {[o.error for o in r.tests if not o.passed][:2]}"
+        for t, r in zip(tasks, results) if r.status != Status.passed
+    }
+
+
+@pytest.fixture(scope="module")
+def sandbox(ray_cluster):
+    from sandbox_pool import SandboxPool
+
+    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=2)
+    yield pool
+    pool.shutdown()
+
+
+# Tests that the sandbox cannot run as written, whatever the program: the tester keeps its own
+# builtins, and only plain values cross between the program's process and the tester
+# (sandbox_pool/runner.py). Every other reference solution passes.
+SANDBOX_LIMITS = {
+    "mbpp": {
+        "mbpp/126": "the solution defines `sum`; the tester keeps its own builtins, so `sum(10, 15)` is the builtin",
+        "mbpp/367": "the test setup sets attributes (root.left = Node(2)) on objects that stay in the program",
+    },
+    "mbpp-sanitized": {"mbpp-sanitized/126": "as mbpp/126"},
+    "mbpp+": {"mbpp+/126": "as mbpp/126: the entry point is `sum`"},
+}
+
+
+@pytest.mark.parametrize("name", ["mbpp", "mbpp-sanitized", "humaneval", "humaneval+", "mbpp+"])
+def test_every_reference_solution_passes_in_the_sandbox(name, sandbox, shared_data, evalplus_sets):
+    from sandbox_pool import Limits
+
+    tasks = evalplus_sets[name] if name in evalplus_sets else load_eval_set(name, shared_data)
+    assert len(tasks) == {"mbpp": 500, "mbpp-sanitized": 257, "humaneval": 164, "humaneval+": 164, "mbpp+": 378}[name]
+    # generous limits: this checks the tests, not the speed of a loaded machine
+    limits = Limits(wall_timeout_s=120, cpu_time_s=60, memory_mb=2048)
+    failing = _failing_references(sandbox, tasks, limits)
+    assert set(failing) == set(SANDBOX_LIMITS.get(name, {})), failing
+    print(f"{name}: {len(tasks) - len(failing)} of {len(tasks)} reference solutions passed "
+          f"({sum(len(t.tests) for t in tasks)} tests)")
+
+
+def test_a_wrong_solution_fails_its_evalplus_tests(sandbox, evalplus_sets):
+    from sandbox_pool import ExecutionRequest, Limits, Status
+
+    task = next(t for t in evalplus_sets["mbpp+"] if t.id == "mbpp+/2")
+    wrong = task.prompt + "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n"
+    fake = task.prompt + "class Yes:\n    def __eq__(self, other):\n        return True\ndef similar_elements(a, b):\n    return Yes()\n"
+    results = sandbox.run([ExecutionRequest(program=p, tests=task.tests, test_setup=task.test_setup, limits=Limits())
+                           for p in (wrong, fake)])
+    assert [r.status for r in results] == [Status.failed, Status.failed]
+    assert 0 < results[0].fraction_passed < 1  # the inputs with one empty list still pass
+    assert results[1].num_passed == 0
+
+
+def test_mbpp_plus_120_assertions_need_math(sandbox, shared_data):
+    """The data's own `assertion` field (not used for scoring): Mbpp/120's calls math.isclose
+    without importing math; with `import math` in the test setup the canonical solution passes."""
+    from sandbox_pool import ExecutionRequest, Limits, Status
+
+    with gzip.open(shared_data / MBPP_PLUS, "rt") as f:
+        record = next(r for r in map(json.loads, f) if r["task_id"] == "Mbpp/120")
+    request = ExecutionRequest(program=record["prompt"] + record["canonical_solution"], tests=[record["assertion"]],
+                               test_setup="import math", limits=Limits())
+    with_math, without = sandbox.run([request, request.model_copy(update={"test_setup": ""})])
+    assert with_math.status == Status.passed
+    assert without.status == Status.failed and "NameError" in str(without.tests[0].error)
+
+
+def test_eval_sets_name_existing_files(shared_data):
+    for name, spec in EVAL_SETS.items():
+        assert (shared_data / spec.file).exists(), name
