@@ -14,8 +14,8 @@ and extra tests). `plus=False` keeps the base inputs only (EvalPlus's "base" sco
 Two oddities of the MBPP+ v0.2.0 data:
 - Mbpp/120: its `assertion` field calls math.isclose without importing math. EvalPlus (and this
   module) does not run `assertion`: the tests are the base and plus inputs with the canonical
-  solution's outputs, and that solution runs without math. tests/test_evalplus.py runs the
-  assertions of every task too, with `import math` in the test setup.
+  solution's outputs, and that solution runs without math. tests/test_evalplus.py checks that
+  the assertions pass with `import math` in the test setup.
 - Mbpp/793: `plus_input` is `{}`, read as no plus inputs.
 
 Left out: inputs whose expected output is over evalplus_oracle.MAX_OUTPUT_BYTES (4 MiB) encoded,

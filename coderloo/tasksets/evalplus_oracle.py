@@ -178,7 +178,7 @@ def check(fn, i):
         _task["group_atol"] = 1e-6
     atol = _task["group_atol"]
     if not exact_match and atol != 0:
-        ok = type(out) == type(exp) and allclose(out, exp, atol)
+        ok = type(out) is type(exp) and allclose(out, exp, atol)
     else:
         ok = bool(exact_match)
     if not ok:
