@@ -348,8 +348,10 @@ def test_pool_takes_submissions_from_several_threads(ray_cluster):
         pool.shutdown()
 
 
-# Not under /tmp: each run gets a private /tmp (and /var/tmp, /dev/shm) of its own.
-SHARED_ROOT = Path(__file__).resolve().parent.parent / ".cache" / "sandbox-tests"
+# Not under /tmp: each run gets a private /tmp (and /var/tmp, /dev/shm) of its own. Not in the
+# checkout either: a clone may live under /tmp (a fresh clone or CI), or under a folder the
+# sandbox user may not enter.
+SHARED_ROOT = Path("/var/lib/coderloo-sandbox-tests")
 
 
 def shared_dir() -> Path:
