@@ -22,7 +22,7 @@ from coderloo.config import LearnerConfig
 from coderloo.models import TinyModelSpec, build_tiny_model
 from coderloo.runtime import init_ray
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
-from learner.actor import Learner
+from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker, SyncSettings
 
 REPEATS = 3
@@ -46,15 +46,15 @@ def memcpy_s(nbytes: int) -> float:
 
 
 def push_s(model: str) -> tuple[int, float]:
-    learner = Learner.remote(model, LearnerConfig(), 1.0)
+    learner = LearnerGroup(model, LearnerConfig(), 1.0)
     worker = RolloutWorker.remote(model, "vllm", threads=2)
     group = RolloutGroup([worker], SyncSettings("gloo", bucket_bytes=32 << 20, timeout_s=300))
     try:
-        group.connect(learner)
+        group.connect(learner.weight_sources)
         group.push()  # warm-up
         runs = [group.push() for _ in range(REPEATS)]
     finally:
-        ray.kill(learner)
+        learner.kill()
         ray.kill(worker)
     return runs[0]["sync_bytes"], statistics.median(r["sync_s"] for r in runs)
 
