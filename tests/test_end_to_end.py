@@ -29,6 +29,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             # an untrained model's groups are mostly all-fail: keep them so that the steps learn
             "learner.filter_uninformative=false",
             "train.replay_groups=1",  # step 2 also learns from one replayed group of step 1
+            "train.max_staleness=1",  # the asynchronous pipeline
             "tasks.max_eval_tasks=6",
             "eval.samples_per_task=2",
             "eval.k=[1,2]",
@@ -49,7 +50,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
     rl = [r for r in records if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2]
     assert [r["version"] for r in rl] == [2, 3]
-    # max_staleness 1 (the default): step 2 was generated while step 1 trained, one version behind
+    # max_staleness 1: step 2 was generated while step 1 trained, one version behind
     assert [r["staleness_max"] for r in rl] == [0, 1]
     assert rl[1]["sampler_logprob_diff_mean"] > 1e-4  # the learner had moved on: TIS has work to do
     for r in rl:
