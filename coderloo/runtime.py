@@ -29,6 +29,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def node_address_and_port() -> tuple[str, int]:
+    """This Ray node's address and a port free on it: where peers on other nodes reach a store
+    this process hosts (a torch.distributed rendezvous, a weight-sync group)."""
+    import ray
+
+    host = ray.util.get_node_ip_address()
+    return host, free_port(host)
+
+
 def apply_env_defaults() -> None:
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -61,10 +61,9 @@ class Learner(WeightSource):
         self.world_size = world_size
 
     def rendezvous_address(self) -> tuple[str, int]:
-        from coderloo.runtime import free_port
+        from coderloo.runtime import node_address_and_port
 
-        host = ray.util.get_node_ip_address()
-        return host, free_port(host)
+        return node_address_and_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         # Without the deepspeed launcher, DeepSpeed reads the rendezvous from the environment.

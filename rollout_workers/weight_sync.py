@@ -161,12 +161,9 @@ class WeightSource:
 
     def weight_sync_address(self) -> tuple[str, int]:
         """Where receivers reach this actor's store: its node's address and a free port."""
-        import ray
+        from coderloo.runtime import node_address_and_port
 
-        from coderloo.runtime import free_port
-
-        host = ray.util.get_node_ip_address()
-        return host, free_port(host)
+        return node_address_and_port()
 
     def open_weight_group(self, transport: str, host: str, port: int, world_size: int, timeout_s: float) -> None:
         self._sync_group = open_group(transport, host, port, 0, world_size, timeout_s)
