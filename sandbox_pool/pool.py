@@ -45,6 +45,7 @@ MAX_ATTEMPTS = 3  # runs of one request on executors that died under it, before 
 RETRY_START_S = (1.0, 30.0)  # after a failed start, wait this long (doubling per failure, up to the second) to try again
 CALL_MARGIN_S = 30.0  # past a run's own limit and the backend's margin: the executor is stuck
 TICK_S = 1.0
+RETIRE_S = 30.0  # an idle executor's close() may take this long before its actor is ended
 HEALTH_CHECK = ExecutionRequest(program="def ok():\n    return 1\n", tests=["assert ok() == 1"])
 
 
@@ -134,6 +135,7 @@ class PoolDispatcher:
         self.counts = dict.fromkeys(["delivered", "reruns", "executors_started", "executors_lost", "executors_removed"], 0)
         self.ticker: asyncio.Task | None = None
         self.closed = False
+        self.gauges = _pool_gauges()
 
     async def started(self) -> None:
         """Start the initial executors (without waiting for them)."""
@@ -292,9 +294,18 @@ class PoolDispatcher:
                 break
             if executor.ready and not executor.running and now - executor.idle_since >= s.idle_s:
                 self.counts["executors_removed"] += 1
-                executor.handle.close.remote()
                 self.executors.pop(executor.name)
-                asyncio.get_running_loop().call_later(30, ray.kill, executor.handle)  # after close() had its time
+                asyncio.ensure_future(self._retire(executor))
+
+    @staticmethod
+    async def _retire(executor: _Executor) -> None:
+        """Close an idle executor, then end its actor: its resources are free at once (on a cluster,
+        its node can go idle and be removed) and not when a timer fires."""
+        try:
+            await asyncio.wait_for(executor.handle.close.remote(), RETIRE_S)
+        except (ray.exceptions.RayError, asyncio.TimeoutError):
+            pass  # it is ended below all the same
+        ray.kill(executor.handle)
 
     def _tick_in_background(self) -> None:
         if self.ticker is None:
@@ -304,6 +315,17 @@ class PoolDispatcher:
         while True:
             await asyncio.sleep(TICK_S)
             self._scale()
+            self._publish()
+
+    def _publish(self) -> None:
+        """The queue and the executors, on Ray's metrics endpoint (see coderloo.metrics)."""
+        tags = {"pool": self.pool_id}
+        ready = [e for e in self.executors.values() if e.ready]
+        self.gauges["queue_depth"].set(len(self.queue), tags=tags)
+        self.gauges["running"].set(sum(len(e.running) for e in ready), tags=tags)
+        self.gauges["busy_executors"].set(sum(1 for e in ready if e.running), tags=tags)
+        self.gauges["executors"].set(len(ready), tags={**tags, "state": "ready"})
+        self.gauges["executors"].set(len(self.executors) - len(ready), tags={**tags, "state": "starting"})
 
 
 class SandboxPool:
@@ -334,6 +356,20 @@ class SandboxPool:
     def shutdown(self) -> None:
         ray.get(self._dispatcher.shutdown.remote())
         ray.kill(self._dispatcher)
+
+
+def _pool_gauges() -> dict:
+    from ray.util.metrics import Gauge
+
+    def gauge(name: str, description: str, *extra_tags: str) -> Gauge:
+        return Gauge(f"coderloo_sandbox_{name}", description=description, tag_keys=("pool", *extra_tags))
+
+    return {
+        "queue_depth": gauge("queue_depth", "Requests waiting for a free sandbox slot."),
+        "running": gauge("running", "Programs running in the sandboxes now."),
+        "busy_executors": gauge("busy_executors", "Executors running at least one program."),
+        "executors": gauge("executors", "Executors, by state (ready, starting).", "state"),
+    }
 
 
 def _infra(request: ExecutionRequest, detail: str) -> ExecutionResult:
