@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 
+from bench.plots import comparison
 from coderloo.config import LearnerConfig
 from coderloo.models import TinyModelSpec, build_tiny_model, load_tokenizer
 from coderloo.runtime import init_ray
@@ -53,7 +54,7 @@ def measure(model: str, batch: list[TrainSequence], ranks: int) -> float:
     return tokens / statistics.median(times)
 
 
-def main() -> dict[int, float]:
+def main() -> list[dict]:
     init_ray(num_cpus=4)
     model = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-learner-"), corpus_for_tokenizer(), TinyModelSpec()))
     batch = sequences(model)
@@ -62,7 +63,8 @@ def main() -> dict[int, float]:
     for ranks, tps in results.items():
         print(f"  {ranks} rank{'s' if ranks > 1 else ' '}  {tps:9.0f} tokens/s")
     print(f"  2 ranks / 1 rank: {results[2] / results[1]:.2f}x")
-    return results
+    return [comparison(f"learner, RL steps of {len(batch)} sequences, ZeRO-2", "tokens/s", "2 ranks",
+                       {f"{ranks} rank{'s' if ranks > 1 else ''}": tps for ranks, tps in results.items()})]
 
 
 if __name__ == "__main__":

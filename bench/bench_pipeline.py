@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+from bench.plots import comparison
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
@@ -37,7 +38,7 @@ def run(staleness: int, out: str) -> dict:
     }
 
 
-def main() -> dict:
+def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-pipeline-")
     results = {mode: run(s, f"{root}/{mode}") for mode, s in (("sync", 0), ("async", 1))}
     print(f"pipeline, default config, {STEPS} RL steps each (no mid-run evals)")
@@ -45,7 +46,8 @@ def main() -> dict:
         print(f"  {mode:5s}  {r['samples_per_s']:6.1f} samples/s  learner idle {r['learner_idle']:5.1%}  "
               f"RL {r['rl_seconds']:6.0f} s  final pass@1 {r['pass@1']:.3f}  greedy {r['greedy_pass@1']:.3f}")
     print(f"  async / sync: {results['async']['samples_per_s'] / results['sync']['samples_per_s']:.2f}x samples/s")
-    return results
+    return [comparison(f"pipeline, {STEPS} RL steps", "samples/s", "async",
+                       {mode: r["samples_per_s"] for mode, r in results.items()})]
 
 
 if __name__ == "__main__":

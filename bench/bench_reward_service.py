@@ -15,6 +15,8 @@ import time
 
 import requests
 
+from bench.plots import comparison
+
 BATCH = 64
 ROUNDS = 10
 
@@ -44,14 +46,16 @@ def timed(call, requests_) -> tuple[list[float], list]:
     return latencies, answers
 
 
-def report(name: str, latencies: list[float]) -> None:
+def report(name: str, latencies: list[float]) -> float:
+    """Print one path's line; its completions/s."""
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     rate = BATCH * len(latencies) / sum(latencies)
     print(f"  {name:<18} {rate:8.1f} completions/s  {len(latencies) / sum(latencies):6.2f} requests/s"
           f"  p50 {q[49] * 1000:7.1f} ms  p99 {q[98] * 1000:7.1f} ms")
+    return rate
 
 
-def main() -> None:
+def main() -> list[dict]:
     from ray import serve
 
     from coderloo.runtime import init_ray
@@ -78,12 +82,12 @@ def main() -> None:
         handle_s, by_handle = timed(lambda request: handle.score.remote(request).result(), work)
         http_s, by_http = timed(over_http, work)
         print(f"reward service, {ROUNDS} requests of {BATCH} completions each, one request at a time")
-        report("DeploymentHandle", handle_s)
-        report("HTTP (127.0.0.1)", http_s)
+        rates = {name: report(name, seconds) for name, seconds in (("DeploymentHandle", handle_s), ("HTTP (127.0.0.1)", http_s))}
         if [a.total for r in by_handle for a in r.items] != [a.total for r in by_http for a in r.items]:
             raise SystemExit("the handle and HTTP paths disagree on rewards")
     finally:
         serve.shutdown()
+    return [comparison(f"reward service, requests of {BATCH} completions", "completions/s", "DeploymentHandle", rates)]
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import time
 
 import ray
 
+from bench.plots import comparison
 from coderloo.models import TinyModelSpec, build_tiny_model
 from coderloo.runtime import init_ray
 from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
@@ -37,7 +38,7 @@ def measure(backend: str, model: str, prompts: list[str], params: GenerationPara
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def main() -> None:
+def main() -> list[dict]:
     init_ray(num_cpus=4)
     model = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-tiny-"), corpus_for_tokenizer(), TinyModelSpec()))
     prompts = [t.prompt for t in synthetic_suite()["train"][:32]]
@@ -47,6 +48,8 @@ def main() -> None:
     for backend, (sps, tps) in results.items():
         print(f"  {backend:13s} {sps:8.1f} samples/s {tps:9.0f} tokens/s")
     print(f"  vllm / transformers: {results['vllm'][1] / results['transformers'][1]:.1f}x tokens/s")
+    return [comparison("generation, 32 prompts x 8 samples, tiny model", "tokens/s", "vllm",
+                       {backend: tps for backend, (_, tps) in results.items()})]
 
 
 if __name__ == "__main__":

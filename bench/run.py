@@ -1,20 +1,27 @@
 """`make bench`: every benchmark, each comparing an alternative side by side in one run.
 
-Prints as it goes and writes `bench/results.md`: the machine, the commands, and each benchmark's
-report. `python -m bench.run sandbox rollout` runs only the named ones.
+Prints as it goes and writes `bench/results.md` (the machine, the commands, and each benchmark's
+report), `bench/results.json` (the comparisons each benchmark returns: bench/plots.py) and a bar
+chart of each comparison in `bench/plots/`, referenced from results.md. `python -m bench.run
+sandbox rollout` runs only the named ones; `--out DIR` writes all of it to DIR instead (a partial
+run must not replace the full results).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import importlib.metadata
 import io
+import json
 import os
 import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.plots import plot
 
 BENCHMARKS = {
     "sandbox": "bench.bench_sandbox",
@@ -25,7 +32,7 @@ BENCHMARKS = {
     "pipeline": "bench.bench_pipeline",
     "trl": "bench.bench_trl",
 }
-RESULTS = Path(__file__).resolve().parent / "results.md"
+RESULTS_DIR = Path(__file__).resolve().parent
 
 
 class Tee(io.TextIOBase):
@@ -62,21 +69,36 @@ def machine() -> list[str]:
     ]
 
 
-def main(names: list[str]) -> None:
-    sections = []
+def main(names: list[str], out: Path = RESULTS_DIR) -> None:
+    sections, numbers = [], {}
     for name in names or list(BENCHMARKS):
         module = importlib.import_module(BENCHMARKS[name])
         captured = io.StringIO()
         start = time.time()
         with contextlib.redirect_stdout(Tee(sys.stdout, captured)):
-            module.main()
+            comparisons = module.main()
+        seconds = time.time() - start
+        numbers[name] = {"module": BENCHMARKS[name], "seconds": round(seconds, 1), "comparisons": comparisons}
         # Ray forwards the actors' logs to this stdout, prefixed with "(ActorName pid=...)".
         report = "\n".join(line for line in captured.getvalue().splitlines() if "pid=" not in line).strip()
-        sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({time.time() - start:.0f} s)\n\n```\n{report}\n```\n")
-    text = ["# Benchmark results", "", "`make bench` (`python -m bench.run`) on:", "", *machine(), "", *sections]
-    RESULTS.write_text("\n".join(text))
-    print(f"wrote {RESULTS}")
+        charts = [f"![{c['title']}]({plot(c, out / 'plots' / f'{name}-{i}.png').relative_to(out)})"
+                  for i, c in enumerate(comparisons)]
+        sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({seconds:.0f} s)\n\n```\n{report}\n```\n\n"
+                        + "\n".join(charts) + "\n")
+    about = machine()
+    text = ["# Benchmark results", "", "`make bench` (`python -m bench.run`) on:", "", *about, "",
+            "The numbers behind the charts are in `results.json`.", "", *sections]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text("\n".join(text))
+    (out / "results.json").write_text(json.dumps({"machine": about, "benchmarks": numbers}, indent=1) + "\n")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and the charts in {out / 'plots'}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description="Run the benchmarks and write their results.")
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for results.md, results.json, plots/")
+    args = parser.parse_args()
+    if unknown := sorted(set(args.names) - set(BENCHMARKS)):
+        parser.error(f"no benchmark named {', '.join(unknown)}")
+    main(args.names, args.out.resolve())

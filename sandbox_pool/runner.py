@@ -7,16 +7,26 @@ A Python run has two processes that never share memory, uid or descriptors:
 
 `serve_program` runs the program and then answers calls into its namespace. It never sees a
 test: it is forked before the tests reach the supervisor, so they are not even in the memory it
-inherited. `run_tests` (the tester) runs the tests, as trusted code in its own namespace. Where
-a test uses a name of the program (a function, a class, a constant), it gets a proxy, and every
-call through a proxy crosses the socket: arguments go in and results come back as plain builtin
-values (None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets and
-frozensets of them), rebuilt from JSON by the tester. Anything else stays in the program's
-process and comes back as an opaque handle that can be called, have attributes read or be passed
-back as an argument, but never compared, hashed or tested for truth. So `assert f(3) == 7` is
-decided in the tester with the tester's own `==` on a value it built itself; the expected 7 never
-leaves the tester, and an object whose __eq__ always says True cannot cross. The tester's verdict
-goes to the supervisor on a pipe only the tester holds.
+inherited. `run_tests` (the tester) runs the test setup and the tests, as trusted code in its own
+namespace. Where they use a name the program defines at top level (a function, a class, a
+constant), they get a proxy, and every call through a proxy crosses the socket: arguments go in
+and results come back as plain builtin values (None, bool, int, float, complex, str, bytes, and
+lists, tuples, dicts, sets and frozensets of them), rebuilt from JSON by the tester. Anything else
+stays in the program's process and comes back as an opaque handle that can be called, have
+attributes read or set, or be passed back as an argument, but never compared, hashed or tested for
+truth. So `assert f(3) == 7` is decided in the tester with the tester's own `==` on a value it
+built itself; the expected 7 never leaves the tester, and an object whose __eq__ always says True
+cannot cross. The tester's verdict goes to the supervisor on a pipe only the tester holds.
+
+A name the program defines shadows the builtin of that name in the tests, as it would in the
+program's own module (MBPP 126 defines `sum` and tests it). Keeping the tester's builtin instead
+protected nothing: the check ran in the program's process, where the program can rebind anything.
+
+The test setup runs in the tester even where it builds the program's objects (MBPP 367:
+`root = Node(1)`, `root.left = Node(2)`, then `is_tree_balanced(root)`): it gets handles, sets
+their attributes across the socket and passes them back. Run in the program's process instead, the
+setup would show the program its source and values (EvalPlus's expected outputs are in it), and
+whatever it computed for the tests would be the program's to change.
 """
 import builtins
 import json
@@ -167,7 +177,7 @@ def serve_program(program: str, channel: int) -> None:
     names = {}
     if load["status"] == "ok":
         for name in wanted:
-            if name in namespace and not hasattr(builtins, name):  # builtins always stay the tester's own
+            if name in namespace:
                 value = namespace[name]
                 names[name] = {"module": value.__name__} if type(value) is type(builtins) else encode(value, handle)
     flush_output()
@@ -182,6 +192,9 @@ def serve_program(program: str, channel: int) -> None:
             if message["op"] == "call":
                 value = target(*decode(message["args"], objects.__getitem__),
                                **decode(message["kwargs"], objects.__getitem__))
+            elif message["op"] == "setattr":
+                setattr(target, message["name"], decode(message["value"], objects.__getitem__))
+                value = None
             else:
                 value = getattr(target, message["name"])
             reply = {"value": encode(value, handle)}
@@ -229,6 +242,9 @@ class Remote:
         if name.startswith("__"):
             raise AttributeError(name)
         return self._link.ask({"op": "getattr", "ref": self._ref, "name": name})
+
+    def __setattr__(self, name, value):
+        self._link.ask({"op": "setattr", "ref": self._ref, "name": name, "value": self._link.out(value)})
 
     def _refuse(self, *_):
         raise TypeError("an object of the program is not a plain value; only plain values can be compared or used")

@@ -187,19 +187,6 @@ def sandbox(ray_cluster):
     pool.shutdown()
 
 
-# Tests that the sandbox cannot run as written, whatever the program: the tester keeps its own
-# builtins, and only plain values cross between the program's process and the tester
-# (sandbox_pool/runner.py). Every other reference solution passes.
-SANDBOX_LIMITS = {
-    "mbpp": {
-        "mbpp/126": "the solution defines `sum`; the tester keeps its own builtins, so `sum(10, 15)` is the builtin",
-        "mbpp/367": "the test setup sets attributes (root.left = Node(2)) on objects that stay in the program",
-    },
-    "mbpp-sanitized": {"mbpp-sanitized/126": "as mbpp/126"},
-    "mbpp+": {"mbpp+/126": "as mbpp/126: the entry point is `sum`"},
-}
-
-
 @pytest.mark.parametrize("name", ["mbpp", "mbpp-sanitized", "humaneval", "humaneval+", "mbpp+"])
 def test_every_reference_solution_passes_in_the_sandbox(name, sandbox, shared_data, evalplus_sets):
     from sandbox_pool import Limits
@@ -209,8 +196,8 @@ def test_every_reference_solution_passes_in_the_sandbox(name, sandbox, shared_da
     # generous limits: this checks the tests, not the speed of a loaded machine
     limits = Limits(wall_timeout_s=120, cpu_time_s=60, memory_mb=2048)
     failing = _failing_references(sandbox, tasks, limits)
-    assert set(failing) == set(SANDBOX_LIMITS.get(name, {})), failing
-    print(f"{name}: {len(tasks) - len(failing)} of {len(tasks)} reference solutions passed "
+    assert failing == {}
+    print(f"{name}: all {len(tasks)} reference solutions passed "
           f"({sum(len(t.tests) for t in tasks)} tests)")
 
 

@@ -46,7 +46,7 @@ SMALL = dict(wall_timeout_s=3.0, cpu_time_s=3, memory_mb=256, file_size_mb=4, ou
 
 # name -> (program, tests, expected status, extra limits, test_setup). Placeholders filled by the
 # child: @PORT@ (a TCP listener on its loopback), @ABSTRACT@ (an abstract unix socket listener),
-# @SECRET_FILE@ (root-only, holds a secret), @WRITE_DIR@ (root's, mode 0755), @TOKEN@ (only in tests).
+# @SECRET_FILE@ (root-only, holds a secret), @WRITE_DIR@ (root's, mode 0755), @TOKEN@ (only in tests and test setups).
 CASES: dict[str, tuple[str, list[str], Status, dict, str]] = {}
 
 
@@ -338,6 +338,21 @@ def answer():
         return text[start:start + 41]
     return None
 """, ["assert answer() == 'EXPECTED-@TOKEN@'"], Status.failed)
+case("read_the_setup_through_its_objects", """import gc
+class Box:
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        seen.append(repr(value))
+        seen.extend(repr(o) for o in gc.get_objects() if isinstance(o, (dict, list, tuple)) and 'EXPECTED-' in repr(o))
+seen = []
+def answer(box):
+    for text in seen:
+        if 'EXPECTED-' in text:
+            start = text.find('EXPECTED-')
+            return text[start:start + 41]
+    return None
+""", ["assert answer(box) == expected"], Status.failed,
+     setup="expected = 'EXPECTED-@TOKEN@'\nbox = Box()\nbox.value = 1\n")
 case("kill_the_parent_and_answer_wrong", """import os, signal
 for pid in [os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:
     if pid in (0, os.getpid()):
@@ -394,6 +409,7 @@ def requests(fill: dict) -> dict[str, ExecutionRequest]:
         for key, value in fill.items():
             program = program.replace(key, value)
             tests = [t.replace(key, value) if isinstance(t, str) else t for t in tests]
+            setup = setup.replace(key, value)
         language = "cpp" if program.startswith("#include") else "python"
         out[name] = ExecutionRequest(program=program, tests=tests, test_setup=setup, language=language,
                                      limits=Limits(**{**SMALL, **limits}))

@@ -29,8 +29,8 @@ from sandbox_pool.process_backend import FORK_SERVER
 SANDBOX_UID = 65534
 
 
-def run(program: str, tests: list[str], **limits) -> ExecutionResult:
-    request = ExecutionRequest(program=textwrap.dedent(program), tests=tests, limits=Limits(**limits))
+def run(program: str, tests: list[str], test_setup: str = "", **limits) -> ExecutionResult:
+    request = ExecutionRequest(program=textwrap.dedent(program), tests=tests, test_setup=test_setup, limits=Limits(**limits))
     return asyncio.run(execute(request))
 
 
@@ -85,6 +85,25 @@ def test_failed_has_per_test_outcomes():
     assert result.tests[2].error.startswith("TypeError: ")
     assert result.tests[3].error.startswith("SyntaxError: ")
     assert result.num_passed == 1 and result.fraction_passed == pytest.approx(0.25)
+
+
+def test_tests_see_the_program_as_its_own_module_would():
+    """MBPP 126 defines `sum`, and MBPP 367's setup builds a tree of the program's Node objects."""
+    result = run(
+        """
+        class Node:
+            def __init__(self, data):
+                self.data = data
+                self.left = None
+        def total(node):
+            return 0 if node is None else node.data + total(node.left)
+        def sum(a, b):
+            return a * b
+        """,
+        ["assert sum(3, 4) == 12", "assert total(root) == 3", "assert root.left.data == 2", "assert max(1, 2) == 2"],
+        test_setup="root = Node(1)\nroot.left = Node(2)\n",
+    )
+    assert result.status is Status.passed, (result.detail, result.tests)
 
 
 def test_syntax_error():

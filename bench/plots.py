@@ -1,0 +1,49 @@
+"""The benchmarks' numbers in one machine-readable form, and a bar chart of each comparison.
+
+Every benchmark's `main()` returns a list of `comparison(...)` dicts; bench/run.py writes them to
+results.json and draws each one with `plot` from that same data, so the report, the JSON and the
+charts cannot disagree.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def comparison(title: str, unit: str, ours: str, values: dict[str, float], lower_is_better: bool = False) -> dict:
+    """One figure: `values` by label, in `unit`; `ours` is the label the others are measured against."""
+    if ours not in values:
+        raise ValueError(f"{ours!r} is not among the values {sorted(values)}")
+    return {"title": title, "unit": unit, "ours": ours, "values": {k: float(v) for k, v in values.items()},
+            "lower_is_better": lower_is_better}
+
+
+def ratios(c: dict) -> dict[str, float]:
+    """Ours over each alternative, as the benchmarks print them (a time ratio reads 'x slower')."""
+    ours = c["values"][c["ours"]]
+    return {label: ours / value for label, value in c["values"].items() if label != c["ours"] and value}
+
+
+def plot(c: dict, path: Path) -> Path:
+    """A bar per value, labelled with its number; each alternative's bar also with ours / it."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    labels = list(c["values"])
+    heights = [c["values"][label] for label in labels]
+    by_label = ratios(c)
+    fig, ax = plt.subplots(figsize=(1.6 * len(labels) + 2.5, 3.6))
+    bars = ax.bar(labels, heights, color=["tab:blue" if label == c["ours"] else "tab:gray" for label in labels])
+    notes = [f"{h:.4g}" + (f"\n{c['ours']} / this: {by_label[label]:.2f}x" if label in by_label else "")
+             for label, h in zip(labels, heights)]
+    ax.bar_label(bars, notes, fontsize=8, padding=2)
+    ax.set_ylabel(c["unit"] + (" (lower is better)" if c["lower_is_better"] else ""))
+    ax.set_ylim(0, max(heights) * 1.3 or 1)
+    ax.set_title(c["title"], fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

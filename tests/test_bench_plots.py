@@ -1,0 +1,45 @@
+"""bench/run.py's results.json and charts, from a made-up benchmark (no benchmark runs)."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from bench import run
+from bench.plots import comparison, plot, ratios
+
+
+def test_ratios_are_ours_over_each_alternative():
+    c = comparison("t", "programs/s", "ours", {"ours": 200, "docker": 100, "harness": 50})
+    assert ratios(c) == {"docker": 2.0, "harness": 4.0}
+    with pytest.raises(ValueError):
+        comparison("t", "ms", "missing", {"push": 1.0})
+
+
+def test_plot_writes_a_png(tmp_path):
+    c = comparison("weight sync", "ms", "push", {"push": 60.0, "memcpy": 0.05}, lower_is_better=True)
+    path = plot(c, tmp_path / "plots" / "weight_sync-0.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_writes_the_report_the_json_and_a_chart_per_comparison(tmp_path, monkeypatch):
+    fake = types.ModuleType("fake_bench")
+
+    def main():
+        print("fake: ours 3/s, theirs 1/s")
+        return [comparison("first", "items/s", "ours", {"ours": 3, "theirs": 1}),
+                comparison("second", "ms", "ours", {"ours": 2, "theirs": 4}, lower_is_better=True)]
+
+    fake.main = main
+    monkeypatch.setitem(sys.modules, "fake_bench", fake)
+    monkeypatch.setattr(run, "BENCHMARKS", {"fake": "fake_bench"})
+    run.main([], tmp_path)
+    numbers = json.loads((tmp_path / "results.json").read_text())
+    assert [c["values"] for c in numbers["benchmarks"]["fake"]["comparisons"]] == [
+        {"ours": 3.0, "theirs": 1.0}, {"ours": 2.0, "theirs": 4.0}]
+    report = (tmp_path / "results.md").read_text()
+    assert "fake: ours 3/s, theirs 1/s" in report
+    assert "![first](plots/fake-0.png)" in report and "![second](plots/fake-1.png)" in report
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["fake-0.png", "fake-1.png"]
