@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install train test bench clean sandbox-image
+.PHONY: install train test bench clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,36 @@ sandbox-image: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# --- On a Ray cluster (README: "On a Ray cluster") ---
+CLUSTER ?= cluster.yaml
+JOB_ADDRESS ?= http://127.0.0.1:8265
+
+# Ray's cluster schema, and CONFIG's actors against the node types.
+cluster-check: $(STAMP)
+	$(PY) -m coderloo.cluster_files $(CLUSTER) --config $(CONFIG)
+
+cluster-up: cluster-check
+	$(VENV)/bin/ray up -y $(CLUSTER)
+
+# Forwards the head's dashboard (and job API) to 127.0.0.1:8265; keep it running.
+cluster-dashboard: $(STAMP)
+	$(VENV)/bin/ray dashboard $(CLUSTER)
+
+# The job runs in the checkout the nodes hold (where the head's `ray start` ran: cluster.yaml's
+# file_mounts, synced by `ray up`), with the venv there.
+cluster-train: $(STAMP)
+	$(VENV)/bin/ray job submit --address $(JOB_ADDRESS) -- python -m coderloo.cli train --config $(CONFIG) ray_address=auto $(ARGS)
+
+cluster-down: $(STAMP)
+	$(VENV)/bin/ray down -y $(CLUSTER)
+
+# cluster-local.yaml: the same workflow on this machine (Ray's fake multi-node provider).
+local-cluster-up: $(STAMP)
+	$(PY) -m coderloo.local_cluster up
+
+local-cluster-down: $(STAMP)
+	$(PY) -m coderloo.local_cluster down
 
 clean:
 	rm -rf $(VENV) .cache runs

@@ -28,12 +28,12 @@ def cmd_eval(args) -> int:
     import ray
 
     from coderloo.controller import resolve
-    from coderloo.evaluation import evaluate
+    from coderloo.evaluation import evaluate, evaluate_refinement
     from coderloo.runtime import init_ray
     from coderloo.tasksets.evalsets import eval_set, load_eval_set
     from coderloo.tasksets.loading import load_tasks
     from reward_service.client import RewardClient
-    from rollout_workers import RolloutGroup, RolloutWorker
+    from rollout_workers import RolloutGroup, start_workers
 
     config = _config(args)
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
@@ -52,12 +52,7 @@ def cmd_eval(args) -> int:
     model = str(resolve(args.model or config.model.path))
     init_ray(address=config.ray_address)
     rewards_service = RewardClient(config.reward)
-    workers = [
-        RolloutWorker.options(num_gpus=config.eval.gpus_per_worker).remote(
-            model, config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads
-        )
-        for i in range(config.rollout.num_workers)
-    ]
+    workers = start_workers(model, config.rollout, config.learner.seed)
     results = {}
     try:
         for name, (tasks, stop) in suites.items():
@@ -67,6 +62,12 @@ def cmd_eval(args) -> int:
                 temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
                 stop=stop, greedy=config.eval.greedy, seed=config.train.seed, sampled=config.eval.sampled,
             )
+            if config.refine.enabled:
+                metrics |= evaluate_refinement(
+                    RolloutGroup(workers), rewards_service, tasks, config.refine, n=config.eval.samples_per_task,
+                    temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
+                    stop=stop, seed=config.train.seed, sampled=config.eval.sampled,
+                )
             results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
     finally:
         for worker in workers:

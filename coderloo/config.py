@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from coderloo.curriculum import CurriculumConfig
 from coderloo.models import TinyModelSpec
+from coderloo.refine import RefineConfig
+from coderloo.runtime import REPO_ROOT
 from reward_service.schemas import ServiceConfig
 
 
@@ -78,12 +80,45 @@ class RolloutConfig(Section):
         "and stays at the last one (e.g. [[1, 0.9], [150, 0.1]]). None: `temperature` throughout.",
     )
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="How new weights reach the engines.")
+    # Placement and the engine on GPUs (cluster.yaml, configs/qwen2.5-coder-*.yaml)
+    gpus_per_worker: float = Field(
+        default=0.0, ge=0, description="GPUs each worker reserves in Ray: 1 on GPU nodes (an actor that reserves none sees none).")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each worker asks for, to place it on a node type that offers them "
+        "(cluster.yaml's rollout nodes offer `rollout_gpu`).",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="vLLM's weights and activations: float32 on CPU (matches the learner's logprobs), bfloat16 on GPUs.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Share of its GPU's memory vLLM takes for weights and KV cache (GPU workers only).")
+    max_model_len: int | None = Field(default=None, ge=1, description="vLLM's longest prompt + completion (None: the model's).")
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> "RolloutConfig":
+        if self.backend == "transformers" and self.dtype != "float32":
+            raise ValueError("rollout.dtype applies to the vllm backend; the transformers backend generates in float32")
+        return self
+
+    def engine_options(self) -> dict:
+        """The vLLM engine's arguments from this section (rollout_workers.vllm_backend.VLLMBackend)."""
+        if self.backend != "vllm":
+            return {}
+        options = {"dtype": self.dtype, "max_model_len": self.max_model_len}
+        if self.gpus_per_worker:
+            options["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return options
 
 
 class LearnerConfig(Section):
     num_ranks: int = Field(default=1, ge=1, description="Learner ranks (Ray actors in one torch.distributed group; data parallel).")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu (gloo) or cuda (one GPU per rank, NCCL).")
     threads: int = Field(default=2, ge=1, description="CPU threads of each rank's torch (CPU runs; Ray would give an actor one).")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each rank asks for, to place it on a node type that offers them "
+        "(cluster.yaml's learner nodes offer `learner_gpu`).",
+    )
     lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate of the RL phase.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
@@ -134,7 +169,35 @@ class LearnerConfig(Section):
         "subtracted from its reward before advantages (as RLOO in TRL and OpenRLHF).",
     )
     normalize_advantages: bool = Field(default=True, description="Scale advantages to unit std over the batch.")
+    dense_rewards: bool = Field(
+        default=False,
+        description="Per-token advantages from the reward service's per-token rewards (the tests' outcome "
+        "spread over the code tokens, lint and syntax penalties on the tokens that caused them): each "
+        "token's advantage is the RLOO advantage of its sample plus dense_coef x its leave-one-out "
+        "reward-to-go (learner/advantages.py dense_advantages). Needs advantage_estimator rloo; the reward "
+        "service then decodes the sampled token ids with the policy's tokenizer (reward.tokenizer_path "
+        "defaults to model.path).",
+    )
+    dense_coef: float = Field(
+        default=1.0, gt=0,
+        description="With dense_rewards, the weight of the per-token term against the sequence advantage "
+        "(both in reward units before whitening).",
+    )
+    dense_gamma: float = Field(
+        default=1.0, ge=0, le=1,
+        description="With dense_rewards, the discount of the reward-to-go: 1 is unbiased, and a penalty also "
+        "falls on every token before it; lower values keep it nearer the tokens that caused it.",
+    )
     seed: int = Field(default=0, description="Seed of the learner.")
+
+    @model_validator(mode="after")
+    def _dense(self) -> "LearnerConfig":
+        if self.dense_rewards and self.advantage_estimator != "rloo":
+            raise ValueError(
+                f"dense_rewards needs advantage_estimator 'rloo' (its per-token term is a leave-one-out "
+                f"baseline in reward units), got {self.advantage_estimator!r}"
+            )
+        return self
 
     def kl_coef_at(self, step: int) -> float:
         """The KL weight at RL step `step` (1-based)."""
@@ -163,7 +226,6 @@ class EvalConfig(Section):
     )
     data_dir: str = Field(default="../shared/data", description="`coderloo eval`: directory of the benchmark files (relative: from the repository root).")
     max_new_tokens: int | None = Field(default=None, ge=1, description="`coderloo eval`: longest completion (None: rollout.max_new_tokens).")
-    gpus_per_worker: float = Field(default=0.0, ge=0, description="`coderloo eval`: GPUs each rollout worker reserves in Ray (1 on a GPU machine, so that vLLM sees it).")
 
     @model_validator(mode="after")
     def _k(self) -> "EvalConfig":
@@ -173,6 +235,34 @@ class EvalConfig(Section):
         if not (self.sampled or self.greedy):
             raise ValueError("sampled and greedy are both false: nothing to evaluate")
         return self
+
+
+class CriticConfig(Section):
+    enabled: bool = Field(
+        default=False,
+        description="Train a critic online (learner/critic.py) that predicts each program's outcome (syntax "
+        "error, runtime error, failed test, passed); log its held-out accuracy and AUC per RL step and "
+        "critic-guided best-of-n (pass@1_critic against pass@1_random) at each evaluation.",
+    )
+    lr: float = Field(default=3e-4, gt=0, description="AdamW learning rate of the critic (backbone and head).")
+    steps_per_rl_step: int = Field(default=4, ge=1, description="Critic optimizer steps on each RL step's samples.")
+    batch_size: int = Field(default=32, ge=1, description="Samples per critic optimizer step (and per forward pass when predicting).")
+    heldout_fraction: float = Field(
+        default=0.2, gt=0, lt=1,
+        description="Share of the training tasks (by task id) whose samples the critic never trains on; "
+        "its accuracy and AUC are measured on them.",
+    )
+    reward_coef: float = Field(
+        default=0.0, ge=0,
+        description="Add reward_coef x the critic's P(passed) to each sample's reward (0: none; else each "
+        "step waits for the critic's predictions before its advantages).",
+    )
+    select_n: int = Field(
+        default=8, ge=2,
+        description="Evaluation: pass@1 of the critic's pick among the first select_n samples of each task "
+        "(at most eval.samples_per_task).",
+    )
+    threads: int = Field(default=1, ge=1, description="CPU threads of the critic actor's torch.")
 
 
 class TrainConfig(Section):
@@ -208,8 +298,22 @@ class Config(Section):
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Prompt selection by running pass rate.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="An outcome critic trained online on the scored samples.")
+    refine: RefineConfig = Field(default_factory=RefineConfig, description="Multi-round refinement from execution feedback (coderloo/refine.py).")
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")
+    metrics_export_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="Local cluster only: port of Ray's Prometheus endpoint on 127.0.0.1 (None: a free one, printed at "
+        "start). On a cluster, `ray start --metrics-export-port` sets it (cluster.yaml).",
+    )
+
+    @model_validator(mode="after")
+    def _metrics_port_local(self) -> "Config":
+        if self.metrics_export_port is not None and self.ray_address:
+            raise ValueError("metrics_export_port sets the endpoint of a local cluster; a cluster's is set by "
+                             "`ray start --metrics-export-port` (cluster.yaml): leave it out with ray_address")
+        return self
 
     @model_validator(mode="after")
     def _batches_split(self) -> "Config":
@@ -222,6 +326,28 @@ class Config(Section):
             )
         if self.sft.steps and self.sft.batch_size < self.learner.num_ranks:
             raise ValueError(f"sft.batch_size={self.sft.batch_size} cannot be shared among learner.num_ranks={self.learner.num_ranks}")
+        return self
+
+    @model_validator(mode="after")
+    def _dense_rewards_tokenizer(self) -> "Config":
+        """Per-token rewards need the service to decode the policy's token ids with the policy's
+        tokenizer; an absolute path, as the service's replicas need not share our directory."""
+        if self.learner.dense_rewards and self.reward.tokenizer_path is None:
+            path = Path(self.model.path)
+            self.reward.tokenizer_path = str(path if path.is_absolute() else REPO_ROOT / path)
+        return self
+
+    @model_validator(mode="after")
+    def _refine_sequence_rewards(self) -> "Config":
+        if self.refine.enabled and self.learner.dense_rewards:
+            raise ValueError("refine.enabled and learner.dense_rewards are not supported together: a trajectory's "
+                             "attempts share its sequence advantage; turn one of them off")
+        return self
+
+    @model_validator(mode="after")
+    def _critic_selection(self) -> "Config":
+        if self.critic.enabled and self.critic.select_n > self.eval.samples_per_task:
+            raise ValueError(f"critic.select_n={self.critic.select_n} is more than eval.samples_per_task={self.eval.samples_per_task}")
         return self
 
 

@@ -14,23 +14,25 @@ from pathlib import Path
 
 import ray
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
 from coderloo.config import Config, dump_config
 from coderloo.curriculum import Curriculum
-from coderloo.evaluation import evaluate
+from coderloo.evaluation import evaluate, evaluate_refinement
 from coderloo.pipeline import RolloutJob
-from coderloo.metrics import MetricsLog, plot_training
+from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model, load_tokenizer
-from coderloo.runtime import REPO_ROOT, init_ray
+from coderloo.runtime import REPO_ROOT, init_ray, metrics_endpoint
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
-from learner.advantages import compute_advantages, informative_groups, whiten
+from learner.advantages import compute_advantages, dense_advantages, informative_groups, whiten
 from learner.batch import TrainSequence
+from learner.critic import OnlineCritic
 from learner.group import LearnerGroup
 from reward_service.client import RewardClient
-from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker, WeightSyncError
+from rollout_workers import GenerationParams, RolloutGroup, WeightSyncError, start_workers
 
 
 def resolve(path: str) -> Path:
@@ -137,15 +139,14 @@ def train(config: Config, resume: bool = False) -> dict:
     by_id = {t.id: t for t in train_tasks}
     model_path = prepare_model(config)
     tokenizer = load_tokenizer(model_path)
-    init_ray(address=config.ray_address)
+    init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port)
+    monitor = RunMetrics(out.name)
+    tqdm.write(f"run {out.name}: Ray metrics (Prometheus) at {metrics_endpoint()}")
     rewards_service = RewardClient(config.reward)
     learner = LearnerGroup(str(model_path), config.learner, config.rollout.temperature, sft_lr=config.sft.lr, name=out.name)
-    workers = [
-        # Ray restarts a worker that dies; RolloutGroup.recover brings it back into the weight group.
-        RolloutWorker.options(max_restarts=-1, name=f"coderloo-rollout-{i}-{out.name}").remote(str(model_path), config.rollout.backend, seed=config.learner.seed + i, threads=config.rollout.threads)
-        for i in range(config.rollout.num_workers)
-    ]
+    workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name)
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync.settings())
+    critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
     try:
         rollouts_group.connect(learner.weight_sources)
         rollout = config.rollout
@@ -156,9 +157,16 @@ def train(config: Config, resume: bool = False) -> dict:
             result = evaluate(
                 rollouts_group, rewards_service, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
                 temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
-                greedy=config.eval.greedy, seed=generation_seed(config, step, 1),
+                greedy=config.eval.greedy, seed=generation_seed(config, step, 1), critic=critic,
             )
+            if config.refine.enabled:
+                result |= evaluate_refinement(
+                    rollouts_group, rewards_service, eval_tasks, config.refine, n=config.eval.samples_per_task,
+                    temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
+                    seed=generation_seed(config, step, 1), sampled=config.eval.sampled,  # round 1: pass@1's samples
+                )
             metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
+            monitor.eval_done(result)
             tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
             return result
 
@@ -226,7 +234,7 @@ def train(config: Config, resume: bool = False) -> dict:
             while next_launch <= config.train.steps and len(jobs) <= config.train.max_staleness:
                 step_params = replace(params, temperature=temperature(next_launch))
                 jobs.append(RolloutJob(next_launch, draw_tasks(), rollouts_group, rewards_service, step_params,
-                                       generation_seed(config, next_launch, 0)))
+                                       generation_seed(config, next_launch, 0), config.refine if config.refine.enabled else None))
                 next_launch += 1
             job = jobs.popleft()
             batch = job.wait()
@@ -238,25 +246,56 @@ def train(config: Config, resume: bool = False) -> dict:
 
             # 2. advantages within each prompt's group of k (the reward net of KL, if configured)
             sequences = [TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, 0.0) for r in rollouts for s in r.samples]
-            reward_matrix = torch.tensor([r.total for r in rewards]).view(len(tasks), k)
+            # with refinement, a sample is a trajectory of attempts: its last reward is its outcome, and
+            # its later attempts, as (trajectory, sequence), train with its advantage
+            later = [(t, TrainSequence(a.prompt_ids, a.sample.token_ids, a.sample.logprobs, 0.0)) for t, attempts in enumerate(batch.later) for a in attempts]
+            reward_matrix = torch.tensor([r.total for r in batch.final_rewards()]).view(len(tasks), k)
             passed = torch.tensor([float(r.passed) for r in rewards]).view(len(tasks), k)
             for task, rate in zip(tasks, passed.mean(dim=1).tolist()):
                 curriculum.update(task.id, rate)
             kl_coef = learn.kl_coef_at(step)
             extra = {}
             if learn.kl_in == "reward" and kl_coef > 0:
-                seq_kl = torch.tensor(learner.sequence_kl(sequences, step_temperature)).view(len(tasks), k)
+                seq_kl = torch.tensor(learner.sequence_kl(sequences + [seq for _, seq in later], step_temperature))
+                if later:  # a trajectory's KL is the sum over its attempts
+                    seq_kl = seq_kl[: len(sequences)].index_add(0, torch.tensor([t for t, _ in later]), seq_kl[len(sequences) :])
+                seq_kl = seq_kl.view(len(tasks), k)
                 reward_matrix = reward_matrix - kl_coef * seq_kl
                 extra["kl_sequence_mean"] = float(seq_kl.mean())
+            if critic is not None:
+                # predicted before the critic learns from these samples; it learns while the policy does
+                critic_step = critic.observe(tasks, rollouts, [r.status for r in rewards])
+                if config.critic.reward_coef > 0:
+                    reward_matrix = reward_matrix + config.critic.reward_coef * torch.tensor(critic_step.p_passed()).view(len(tasks), k)
             advantages = compute_advantages(learn.advantage_estimator, reward_matrix)
             keep = informative_groups(reward_matrix) if learn.filter_uninformative and learn.advantage_estimator != "reinforce" else torch.ones(len(tasks), dtype=torch.bool)
+            if learn.dense_rewards:
+                # per token: the RLOO advantage plus the leave-one-out reward-to-go of the service's
+                # per-token rewards, whitened over the kept groups' tokens
+                token_rewards = pad_sequence([torch.tensor(r) for r in batch.token_rewards()], batch_first=True).view(len(tasks), k, -1)
+                lengths = torch.tensor([len(s.token_ids) for _, s in flat]).view(len(tasks), k, 1)
+                mask = torch.arange(token_rewards.shape[-1]) < lengths
+                token_advantages = dense_advantages(advantages, token_rewards, mask, learn.dense_coef, learn.dense_gamma)
+                extra["dense_advantage_abs_mean"] = float((token_advantages - advantages.unsqueeze(-1))[mask].abs().mean())
+                if learn.normalize_advantages and keep.any():
+                    kept_tokens = mask & keep.view(-1, 1, 1)
+                    token_advantages[kept_tokens] = whiten(token_advantages[kept_tokens])
+                for seq, adv, n in zip(sequences, token_advantages.flatten(0, 1), lengths.flatten().tolist()):
+                    seq.token_advantages = adv[:n].tolist()
             if learn.normalize_advantages and keep.any():
                 advantages[keep] = whiten(advantages[keep])
             for i, a in enumerate(advantages.flatten().tolist()):
                 sequences[i].advantage = a
-            kept = [seq for g, group_keep in enumerate(keep.tolist()) if group_keep for seq in sequences[g * k : (g + 1) * k]]
+            for t, seq in later:
+                seq.advantage = sequences[t].advantage
+            groups = [sequences[g * k : (g + 1) * k] + [seq for t, seq in later if t // k == g] for g in range(len(tasks))]
+            kept = [seq for g, group_keep in enumerate(keep.tolist()) if group_keep for seq in groups[g]]
             if replay is not None:
-                kept += replay.reuse([sequences[g * k : (g + 1) * k] for g, group_keep in enumerate(keep.tolist()) if group_keep])
+                kept += replay.reuse([groups[g] for g, group_keep in enumerate(keep.tolist()) if group_keep])
+            if config.refine.enabled:
+                rates = batch.pass_rates_by_round(config.refine.rounds)
+                extra.update({f"pass_rate_round{r}": rate for r, rate in enumerate(rates, start=1)})
+                extra.update(rounds_mean=1 + len(later) / len(sequences), time_refine_s=batch.refined - batch.scored)
 
             # 3. one learner step (the next step's rollouts are being made meanwhile),
             # 4. new weights to the rollout workers
@@ -269,6 +308,8 @@ def train(config: Config, resume: bool = False) -> dict:
                 sync = push_weights(rollouts_group)
             else:
                 t_learn = time.time()  # nothing to learn from: every group was uniform
+            if critic is not None:
+                extra.update(critic_step.metrics())  # waits for the critic's update, if it lags
             dt = time.time() - t0
 
             record = {
@@ -301,6 +342,7 @@ def train(config: Config, resume: bool = False) -> dict:
                 **stats,
             }
             metrics.write("rl", step, **record)
+            monitor.step_done(step, record)
             shown = rng.randrange(len(tasks))  # one group per step, to read what the policy writes
             samples_log.write("rl", step, task=tasks[shown].id, completions=[s.text for s in rollouts[shown].samples],
                               rewards=reward_matrix[shown].tolist())
@@ -329,6 +371,8 @@ def train(config: Config, resume: bool = False) -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     finally:
         learner.kill()
+        if critic is not None:
+            critic.kill()
         for actor in workers:
             ray.kill(actor)
         rewards_service.close()

@@ -1,11 +1,14 @@
-"""Held-out evaluation: pass@k with the unbiased estimator, and greedy pass@1."""
+"""Held-out evaluation: pass@k with the unbiased estimator, greedy pass@1, and with a critic,
+critic-guided best-of-n against a random pick of the same samples."""
 from __future__ import annotations
 
 from math import comb
 
 import numpy as np
 
+from coderloo.refine import RefineConfig, pass_rates_by_round, refine
 from coderloo.tasksets.task import Task
+from learner.critic import OnlineCritic
 from reward_service.client import RewardClient
 from rollout_workers import GenerationParams, RolloutGroup
 
@@ -17,6 +20,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_rate_of_pick(passed: np.ndarray, scores: np.ndarray) -> float:
+    """Pass rate when each task (row) keeps its highest-scoring sample (the first, on a tie)."""
+    return float(passed[np.arange(len(passed)), scores.argmax(axis=1)].mean())
 
 
 def evaluate(
@@ -31,8 +39,11 @@ def evaluate(
     greedy: bool,
     seed: int | None = None,
     sampled: bool = True,
+    critic: OnlineCritic | None = None,
 ) -> dict[str, float]:
-    """pass@k over `tasks` from n samples each (unless not `sampled`); with `greedy`, also greedy pass@1."""
+    """pass@k over `tasks` from n samples each (unless not `sampled`); with `greedy`, also greedy
+    pass@1; with a `critic`, pass@1 of its pick among each task's first `select_n` samples
+    (pass@1_critic) and of a uniformly random pick among the same ones (pass@1_random)."""
     prompts = [t.prompt for t in tasks]
     metrics: dict[str, float] = {}
     if sampled:
@@ -40,11 +51,45 @@ def evaluate(
         rollouts = rollouts_group.generate(prompts, params, seed)
         pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
         rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
-        correct = np.array([r.passed for r in rewards]).reshape(len(tasks), n).sum(axis=1)
-        metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct])) for k in ks})
+        passed = np.array([r.passed for r in rewards]).reshape(len(tasks), n)
+        metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in ks})
+        if critic is not None:
+            m = critic.config.select_n
+            p_passed = critic.p_passed([r.prompt_ids for r in rollouts for _ in r.samples[:m]],
+                                       [s.token_ids for r in rollouts for s in r.samples[:m]])
+            metrics["pass@1_critic"] = pass_rate_of_pick(passed[:, :m], p_passed.reshape(len(tasks), m))
+            metrics["pass@1_random"] = float(passed[:, :m].mean())
     if greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
         rollouts = rollouts_group.generate(prompts, params)
         rewards = rewards_service.score(tasks, [r.samples[0].text for r in rollouts])
         metrics["greedy_pass@1"] = float(np.mean([r.passed for r in rewards]))
     return metrics
+
+
+def evaluate_refinement(
+    rollouts_group: RolloutGroup,
+    rewards_service: RewardClient,
+    tasks: list[Task],
+    config: RefineConfig,
+    n: int,
+    temperature: float,
+    max_new_tokens: int,
+    stop: list[str],
+    seed: int | None = None,
+    sampled: bool = True,
+) -> dict[str, float]:
+    """pass@1 after each round of refinement (pass@1_round1..R): n trajectories per task sampled at
+    `temperature` (not `sampled`: one greedy trajectory), each rewritten from its execution feedback
+    until it passes or has made `config.rounds` attempts; a trajectory counts at round r if one of
+    its first r attempts passed, so the rates never fall from one round to the next."""
+    if not sampled:
+        n, temperature = 1, 0.0
+    params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
+    rollouts = rollouts_group.generate([t.prompt for t in tasks], params, seed)
+    flat_tasks = [task for task in tasks for _ in range(n)]
+    completions = [s.text for r in rollouts for s in r.samples]
+    first = rewards_service.score(flat_tasks, completions)
+    later = refine(rollouts_group.generate, rewards_service, flat_tasks, completions, first, config, params, seed)
+    rates = pass_rates_by_round(first, later, config.rounds)
+    return {f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)}

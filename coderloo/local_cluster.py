@@ -60,7 +60,7 @@ class LocalCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def start(port: int = 6379, dashboard_port: int = 8265, head_cpus: int = 2, config: Path = CLUSTER_FILE,
+def start(port: int = 6379, dashboard_port: int = 8265, head_cpus: int = 4, config: Path = CLUSTER_FILE,
           update_interval_s: int = 5) -> LocalCluster:
     """Start the head with the autoscaler on `config`; worker nodes come when work asks for them."""
     cluster = yaml.safe_load(config.read_text())
@@ -70,8 +70,10 @@ def start(port: int = 6379, dashboard_port: int = 8265, head_cpus: int = 2, conf
     written = Path(temp_dir) / "cluster.yaml"
     written.write_text(yaml.safe_dump(cluster))
     # LOOPBACK_ENV reaches the nodes the autoscaler starts too: they bind to 127.0.0.1.
+    # PATH: a job's `python` is this venv's, as on cluster.yaml's nodes.
     env = {**os.environ, **ENV_DEFAULTS, **LOOPBACK_ENV, "RAY_FAKE_CLUSTER": "1",
-           "AUTOSCALER_UPDATE_INTERVAL_S": str(update_interval_s)}
+           "AUTOSCALER_UPDATE_INTERVAL_S": str(update_interval_s),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     ray_cli = Path(sys.executable).with_name("ray")
     command = [
         str(ray_cli), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={head_cpus}",

@@ -53,3 +53,56 @@ def plot_training(metrics_path: str | Path, png_path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
+
+
+# A training step's record (coderloo.controller) -> the gauge that carries it on Ray's metrics
+# endpoint. Ray prefixes each name with `ray_`; configs/grafana-dashboard.json plots them.
+STEP_GAUGES = {
+    "version": ("coderloo_policy_version", "Policy version the rollout workers hold."),
+    "samples_per_s": ("coderloo_samples_per_second", "Completions generated, scored and learned from per second (last step)."),
+    "reward_mean": ("coderloo_reward_mean", "Mean reward of the step's completions."),
+    "pass_rate": ("coderloo_pass_rate", "Share of the step's completions that pass every test."),
+    "syntax_rate": ("coderloo_syntax_rate", "Share of the step's completions that parse."),
+    "staleness_mean": ("coderloo_staleness_mean", "Policy versions between a learned sample's sampler and the learner (mean)."),
+    "staleness_max": ("coderloo_staleness_max", "Policy versions between a learned sample's sampler and the learner (max)."),
+    "learner_idle_fraction": ("coderloo_learner_idle_fraction", "Share of the step the learner waited for rollouts."),
+}
+# The step timeline: one gauge, a `phase` tag per part.
+STEP_PHASES = {
+    "time_generate_s": "generate",
+    "time_score_tail_s": "score_tail",
+    "time_wait_rollouts_s": "wait_rollouts",
+    "time_learn_s": "learn",
+    "time_sync_s": "sync",
+    "time_step_s": "step",
+}
+
+
+class RunMetrics:
+    """A run's numbers as custom metrics through Ray's metrics API, exported on Ray's Prometheus
+    endpoint with Ray's own (every metric carries the run's name as the `run` tag). The sandbox
+    pool publishes its queue and executors the same way (sandbox_pool.pool)."""
+
+    def __init__(self, run: str):
+        from ray.util.metrics import Counter, Gauge
+
+        self.tags = {"run": run}
+        self.gauges = {key: Gauge(name, description=text, tag_keys=("run",)) for key, (name, text) in STEP_GAUGES.items()}
+        self.step = Gauge("coderloo_rl_step", description="Last finished RL step.", tag_keys=("run",))
+        self.phases = Gauge("coderloo_step_phase_seconds", description="Seconds of each part of the last step.",
+                            tag_keys=("run", "phase"))
+        self.samples = Counter("coderloo_samples", description="Completions learned from, in all.", tag_keys=("run",))
+        self.eval = Gauge("coderloo_eval_score", description="Held-out evaluation (pass@k, greedy pass@1) at its last run.",
+                          tag_keys=("run", "metric"))
+
+    def step_done(self, step: int, record: dict) -> None:
+        self.step.set(step, tags=self.tags)
+        for key, gauge in self.gauges.items():
+            gauge.set(float(record[key]), tags=self.tags)
+        for key, phase in STEP_PHASES.items():
+            self.phases.set(float(record[key]), tags={**self.tags, "phase": phase})
+        self.samples.inc(record["samples"], tags=self.tags)
+
+    def eval_done(self, result: dict[str, float]) -> None:
+        for metric, value in result.items():
+            self.eval.set(value, tags={**self.tags, "metric": metric})

@@ -38,6 +38,18 @@ def node_address_and_port() -> tuple[str, int]:
     return host, free_port(host)
 
 
+def placement_options(gpus: float, resources: dict[str, float]) -> dict:
+    """Ray actor options for `gpus` and custom `resources`, only those asked for: an actor given
+    any resource option also holds a CPU while it runs (Ray's default otherwise holds none), and
+    on a 2-core machine the learner, a rollout worker and a reward replica would not all start."""
+    options: dict = {}
+    if gpus:
+        options["num_gpus"] = gpus
+    if resources:
+        options["resources"] = resources
+    return options
+
+
 def apply_env_defaults() -> None:
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -87,7 +87,8 @@ class Learner(WeightSource):
         model = load_causal_lm(self.model_path)
         self.reference = None
         if config.kl_coef > 0 or (config.kl_coef_final or 0) > 0:
-            self.reference = load_causal_lm(self.model_path).eval().requires_grad_(False)
+            # Frozen: in the training dtype (a float32 copy of a 7B model would take 30 GB per rank).
+            self.reference = load_causal_lm(self.model_path, config.dtype).eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # batches are packed by us; the count is informational

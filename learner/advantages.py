@@ -1,7 +1,8 @@
 """Advantage estimators: pure functions of reward tensors.
 
 Every estimator takes `rewards` of shape [G, k] (G prompt groups, the k samples of one prompt
-share a row) and returns advantages of the same shape, one per sample.
+share a row) and returns advantages of the same shape, one per sample. `dense_advantages` turns
+them into one per token with per-token rewards.
 """
 from __future__ import annotations
 
@@ -86,3 +87,38 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
 def whiten(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Scale advantages to unit standard deviation over the batch (mean stays as it is: RLOO's is 0)."""
     return advantages / (advantages.std(unbiased=False) + eps)
+
+
+def dense_advantages(
+    sequence_advantages: torch.Tensor, token_rewards: torch.Tensor, mask: torch.Tensor, coef: float, gamma: float = 1.0
+) -> torch.Tensor:
+    """Per-token advantages [G, k, T] from sequence advantages [G, k] and per-token rewards [G, k, T]
+    (right-padded; `mask` marks the real tokens), for dense rewards:
+
+        A_it = A_i + coef * (R_it - mean_{j != i} R_jt),   R_it = sum_{s >= t} gamma^(s - t) r_is
+
+    A_i is the sample's sequence (RLOO) advantage, R_it its reward-to-go from token t (0 past its
+    end). The baseline of the per-token term is the other k - 1 samples' reward-to-go at the same
+    position: it does not depend on sample i at all, so with gamma = 1 the term is an unbiased policy
+    gradient (a baseline from sample i's own remaining length, as a per-token mean times the tokens
+    left, would depend on its later actions). Lower gamma trades that for credit nearer the tokens
+    that earned it: undiscounted, a penalty falls equally on every token before it. Rewards shared
+    by all k samples cancel: the term sums to 0 over a group at each position all k reach, so no
+    token is pushed up or down in every sample at once. At the first token the term is the RLOO
+    advantage of the summed token rewards.
+    """
+    _check_groups(sequence_advantages, min_k=2)
+    if token_rewards.shape[:2] != sequence_advantages.shape or token_rewards.shape != mask.shape:
+        raise ValueError(
+            f"token rewards {tuple(token_rewards.shape)} and mask {tuple(mask.shape)} must be "
+            f"[G, k, T] with [G, k] = {tuple(sequence_advantages.shape)}"
+        )
+    rewards = token_rewards * mask
+    to_go = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[..., 0])
+    for t in reversed(range(rewards.shape[-1])):
+        running = rewards[..., t] + gamma * running
+        to_go[..., t] = running
+    k = to_go.shape[1]
+    baseline = (to_go.sum(dim=1, keepdim=True) - to_go) / (k - 1)
+    return (sequence_advantages.unsqueeze(-1) + coef * (to_go - baseline)) * mask

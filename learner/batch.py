@@ -14,6 +14,7 @@ class TrainSequence:
     completion_ids: list[int]
     old_logprobs: list[float]  # the sampler's logprob of each completion token
     advantage: float
+    token_advantages: list[float] | None = None  # one per completion token (dense rewards); None: `advantage` for each
 
 
 @dataclass
@@ -22,7 +23,7 @@ class PackedBatch:
     attention_mask: torch.Tensor  # [B, T]
     completion_mask: torch.Tensor  # [B, T-1], aligned with next-token logprobs
     old_logprobs: torch.Tensor  # [B, T-1]
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B, T-1], each completion token's (0 elsewhere)
 
 
 def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
@@ -33,11 +34,11 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
     completion_mask = torch.zeros((batch, width - 1))
     old_logprobs = torch.zeros((batch, width - 1))
+    advantages = torch.zeros((batch, width - 1))
     for row, seq in enumerate(sequences):
-        if len(seq.old_logprobs) != len(seq.completion_ids):
-            raise ValueError(
-                f"sequence {row}: {len(seq.old_logprobs)} logprobs for {len(seq.completion_ids)} completion tokens"
-            )
+        for name, values in (("logprobs", seq.old_logprobs), ("token advantages", seq.token_advantages)):
+            if values is not None and len(values) != len(seq.completion_ids):
+                raise ValueError(f"sequence {row}: {len(values)} {name} for {len(seq.completion_ids)} completion tokens")
         ids = seq.prompt_ids + seq.completion_ids
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
@@ -47,5 +48,5 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
         end = start + len(seq.completion_ids)
         completion_mask[row, start:end] = 1
         old_logprobs[row, start:end] = torch.tensor(seq.old_logprobs)
-    advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
+        advantages[row, start:end] = seq.advantage if seq.token_advantages is None else torch.tensor(seq.token_advantages)
     return PackedBatch(input_ids, attention_mask, completion_mask, old_logprobs, advantages)

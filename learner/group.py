@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ray
 
+from coderloo.runtime import placement_options
 from learner.actor import Learner, Work
 from learner.batch import TrainSequence
 from learner.packing import deal_to_ranks, split_even
@@ -18,7 +19,7 @@ class LearnerGroup:
         self.config = config
         self.sft_lr = sft_lr or config.lr
         n = config.num_ranks
-        options = {"num_gpus": 1} if config.device == "cuda" else {}
+        options = placement_options(1 if config.device == "cuda" else 0, config.resources)
         self.ranks = [
             Learner.options(**options, name=f"coderloo-learner-{rank}-{name}" if name else None).remote(model_path, config, temperature, rank, n)
             for rank in range(n)

@@ -112,7 +112,7 @@ class RewardService:
                 components=Components(syntax=r.syntax, functionality=r.functionality, lint=r.lint, performance=r.performance),
                 total=r.total, passed=r.passed, status=r.status,
                 diagnostics=[Diagnostic(code=d.code, message=d.message, row=d.row, column=d.column) for d in problems],
-                token_rewards=dense,
+                feedback=r.feedback, token_rewards=dense,
             ))
             self.metrics.outcomes.labels(r.status.value).inc()
         return RewardResponse(items=items)

@@ -24,6 +24,8 @@ class RewardClient:
         if self.started_serve:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()})
         self.max_batch = config.max_batch
+        # Per-token rewards cost the service a decode per token prefix: only with a tokenizer.
+        self.per_token = config.tokenizer_path is not None
         self.retries = 0  # requests sent again after a replica died
         self.handle = serve.run(build_app(config), name=APP_NAME, route_prefix=f"/{APP_NAME}")
 
@@ -31,9 +33,16 @@ class RewardClient:
         """One reward per (task, completion), in order; large batches go out as several requests at once."""
         return self.collect(self.submit(tasks, completions))
 
-    def submit(self, tasks: list[Task], completions: list[str]) -> list[tuple[RewardRequest, object]]:
-        """Send the requests now; `collect` waits for them."""
-        items = [RewardItem(task=t, completion=c) for t, c in zip(tasks, completions, strict=True)]
+    def submit(
+        self, tasks: list[Task], completions: list[str], token_ids: list[list[int]] | None = None
+    ) -> list[tuple[RewardRequest, object]]:
+        """Send the requests now; `collect` waits for them. With each completion's `token_ids`
+        (the service needs a tokenizer: `per_token`), each reward has per-token rewards too."""
+        ids = token_ids if token_ids is not None else [None] * len(completions)
+        items = [
+            RewardItem(task=t, completion=c, completion_token_ids=i)
+            for t, c, i in zip(tasks, completions, ids, strict=True)
+        ]
         requests = [RewardRequest(items=items[i : i + self.max_batch]) for i in range(0, len(items), self.max_batch)]
         return [(request, self.handle.score.remote(request)) for request in requests]
 

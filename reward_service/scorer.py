@@ -14,6 +14,9 @@ from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, SandboxPool, Status
 
 
+FEEDBACK_CHARS = 1_000  # the most execution feedback one reward carries (a client may cut it shorter)
+
+
 class SandboxInfraError(RuntimeError):
     """The sandbox itself failed (not the program under test)."""
 
@@ -30,6 +33,7 @@ class Reward:
     extraction: Extraction | None = None
     syntax_error: Diagnostic | None = None
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    feedback: str = ""  # execution_feedback of the run; empty when it passed
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,19 @@ def analyse(task: Task, completion: str) -> Analysis:
     extraction = extract(completion, task.prompt_is_code, task.entry_point)
     program = task.program(extraction.code)
     return Analysis(extraction, program, syntax_error(program))
+
+
+def execution_feedback(task: Task, result: ExecutionResult) -> str:
+    """What a programmer reads after a run that did not pass, for a model to fix its code from:
+    why the run ended (an error while loading, a limit, how many tests failed), then the first
+    failing test and its error. Empty when the run passed."""
+    if result.status == Status.passed:
+        return ""
+    lines = [result.detail] if result.detail else []
+    failing = next((i for i, t in enumerate(result.tests) if not t.passed), None)
+    if failing is not None:
+        lines += [f"first failing test: {str(task.tests[failing]).strip()}", result.tests[failing].error or "it did not pass"]
+    return "\n".join(lines)[:FEEDBACK_CHARS]
 
 
 class RewardScorer:
@@ -142,7 +159,10 @@ class RewardScorer:
                     f"{len(still)} of {len(results)} programs hit a sandbox failure twice; "
                     f"first: task {tasks[still[0]].id}: {results[still[0]].detail}"
                 )
-        return [
+        rewards = [
             self.reward(a, r, d, self.performance(t, r))
             for t, a, r, d in zip(tasks, analyses, results, diagnostics)
         ]
+        for task, reward, result in zip(tasks, rewards, results):
+            reward.feedback = execution_feedback(task, result)
+        return rewards

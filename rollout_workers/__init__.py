@@ -5,9 +5,9 @@ from __future__ import annotations
 from rollout_workers.group import RolloutGroup, SyncSettings
 from rollout_workers.types import GenerationParams, PromptRollout, Sample
 from rollout_workers.weight_sync import WeightSyncError, WeightSyncTimeout
-from rollout_workers.worker import RolloutWorker
+from rollout_workers.worker import RolloutWorker, start_workers
 
 __all__ = [
     "GenerationParams", "PromptRollout", "RolloutGroup", "RolloutWorker", "Sample", "SyncSettings",
-    "WeightSyncError", "WeightSyncTimeout",
+    "WeightSyncError", "WeightSyncTimeout", "start_workers",
 ]

@@ -10,15 +10,17 @@ from rollout_workers.weight_sync import BucketPlan, Receiver, open_group
 
 
 class VLLMBackend:
-    def __init__(self, model_path: str, seed: int = 0, max_model_len: int | None = None):
+    def __init__(self, model_path: str, seed: int = 0, max_model_len: int | None = None, dtype: str = "float32",
+                 gpu_memory_utilization: float | None = None):
         from vllm import LLM
 
         self.llm = LLM(
             model=model_path,
-            dtype="float32",
+            dtype=dtype,
             enforce_eager=True,
             seed=seed,
             max_model_len=max_model_len,
+            **({"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}),
             # The learner's logprobs are of the temperature-scaled distribution: report the same.
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rollout_workers.vllm_backend.WeightSyncExtension",

@@ -6,6 +6,7 @@ import os
 import ray
 import torch
 
+from coderloo.runtime import placement_options
 from rollout_workers.types import GenerationParams, PromptRollout
 from rollout_workers.weight_sync import BucketPlan
 
@@ -16,14 +17,16 @@ class StaleWeightsError(RuntimeError):
 
 @ray.remote
 class RolloutWorker:
-    def __init__(self, model_path: str, backend: str = "vllm", seed: int = 0, threads: int | None = None):
+    def __init__(self, model_path: str, backend: str = "vllm", seed: int = 0, threads: int | None = None,
+                 engine: dict | None = None):
+        """`engine`: the vLLM engine's options (dtype, gpu_memory_utilization, max_model_len)."""
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
             torch.set_num_threads(threads)
         if backend == "vllm":
             from rollout_workers.vllm_backend import VLLMBackend
 
-            self.backend = VLLMBackend(model_path, seed=seed)
+            self.backend = VLLMBackend(model_path, seed=seed, **(engine or {}))
         elif backend == "transformers":
             from rollout_workers.hf_backend import TransformersBackend
 
@@ -73,3 +76,17 @@ class RolloutWorker:
 
     def get_version(self) -> int:
         return self.version
+
+
+def start_workers(model_path: str, settings, seed: int, run: str | None = None) -> list:
+    """`settings.num_workers` workers placed and configured by `settings` (coderloo.config's
+    RolloutConfig): its GPUs, custom resources and engine options. With `run`, each is named
+    `coderloo-rollout-<i>-<run>`. Ray restarts a worker that dies; RolloutGroup.recover brings it
+    back into the weight group."""
+    return [
+        RolloutWorker.options(
+            max_restarts=-1, name=f"coderloo-rollout-{i}-{run}" if run else None,
+            **placement_options(settings.gpus_per_worker, settings.resources),
+        ).remote(model_path, settings.backend, seed=seed + i, threads=settings.threads, engine=settings.engine_options())
+        for i in range(settings.num_workers)
+    ]

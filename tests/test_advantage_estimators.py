@@ -7,11 +7,13 @@ import torch
 from learner.advantages import (
     ESTIMATORS,
     compute_advantages,
+    dense_advantages,
     grpo_advantages,
     informative_groups,
     reinforce_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
+    whiten,
 )
 
 BASELINE_ESTIMATORS = ["rloo", "grpo", "reinforce_pp"]
@@ -156,3 +158,104 @@ def test_informative_groups_are_exactly_those_with_nonzero_rloo_advantages():
     keep = informative_groups(rewards)
     assert 0 < keep.sum() < 64  # the seed gives both kinds
     assert torch.equal(keep, rloo_advantages(rewards).abs().sum(dim=1) > 0)
+
+
+# --- dense (per-token) advantages ---
+
+def full_mask(rewards: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(rewards, dtype=torch.bool)
+
+
+def test_dense_hand_values_with_padding_and_discount():
+    # Two samples; sample 1 has 2 tokens (the third is padding). gamma 0.5:
+    # to-go 0: [1 + 0.5 * (0 + 0.5 * 2), 0 + 0.5 * 2, 2] = [1.5, 1, 2]; to-go 1: [0.5 * 4, 4, 0] = [2, 4, 0].
+    # With k = 2 each sample's baseline is the other's to-go.
+    rewards = torch.tensor([[[1.0, 0.0, 2.0], [0.0, 4.0, 9.0]]])
+    mask = torch.tensor([[[True, True, True], [True, True, False]]])
+    seq = torch.tensor([[0.25, -0.25]])
+    out = dense_advantages(seq, rewards, mask, coef=2.0, gamma=0.5)
+    expected = torch.tensor([[[0.25 + 2 * (1.5 - 2), 0.25 + 2 * (1 - 4), 0.25 + 2 * (2 - 0)],
+                              [-0.25 + 2 * (2 - 1.5), -0.25 + 2 * (4 - 1), 0.0]]])
+    assert torch.allclose(out, expected)
+    assert out.shape == (1, 2, 3)
+
+
+def test_dense_rejects_mismatched_shapes():
+    seq = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"must be \[G, k, T\]"):
+        dense_advantages(seq, torch.zeros(2, 4, 5), torch.ones(2, 4, 5, dtype=torch.bool), 1.0)
+    with pytest.raises(ValueError, match=r"must be \[G, k, T\]"):
+        dense_advantages(seq, torch.zeros(2, 3, 5), torch.ones(2, 3, 4, dtype=torch.bool), 1.0)
+    with pytest.raises(ValueError, match="k=1"):
+        dense_advantages(torch.zeros(2, 1), torch.zeros(2, 1, 5), torch.ones(2, 1, 5, dtype=torch.bool), 1.0)
+
+
+def test_a_lint_penalised_token_gets_a_lower_advantage_than_its_neighbours():
+    # Four samples with the same share per code token; sample 0 has a lint penalty on token 3.
+    rewards = torch.full((1, 4, 7), 0.1)
+    rewards[0, 0, 3] -= 0.3
+    seq = rloo_advantages(rewards.sum(dim=-1))
+    discounted = dense_advantages(seq, rewards, full_mask(rewards), coef=1.0, gamma=0.5)[0, 0]
+    # to-go of sample 0 from token 2 on: 0.04375, -0.1125, 0.175; the others': 0.19375, 0.1875, 0.175
+    assert (discounted[2:5] - seq[0, 0]).tolist() == pytest.approx([-0.15, -0.3, 0.0], abs=1e-6)
+    # Undiscounted, the tokens before the penalty (which led to it) share it; those after do not.
+    plain = dense_advantages(seq, rewards, full_mask(rewards), coef=1.0, gamma=1.0)[0, 0]
+    assert torch.allclose(plain[:4], plain[3].expand(4))
+    assert (plain[3] < plain[4:]).all()
+    # The other samples' tokens up to the penalty gain (they avoided it), and only those.
+    others = dense_advantages(seq, rewards, full_mask(rewards), coef=1.0)[0, 1:] - seq[0, 1:, None]
+    assert (others[:, :4] > 0).all() and torch.equal(others[:, 4:], torch.zeros(3, 3))
+
+
+def test_dense_with_rewards_shared_by_every_sample_is_the_sequence_advantage():
+    # Token rewards that are the same in all k samples carry no signal: every token gets its
+    # sequence advantage (up to rounding; exactly when there are no token rewards at all).
+    seq = rloo_advantages(torch.rand(3, 4, generator=torch.Generator().manual_seed(5)))
+    expected = seq.unsqueeze(-1).expand(3, 4, 6)
+    shared = torch.rand(3, 1, 6, generator=torch.Generator().manual_seed(6)).expand(3, 4, 6)
+    assert torch.allclose(dense_advantages(seq, shared, full_mask(shared), coef=0.7, gamma=0.9), expected, atol=1e-6)
+    zeros = torch.zeros(3, 4, 6)
+    assert torch.equal(dense_advantages(seq, zeros, full_mask(zeros), coef=0.7, gamma=0.9), expected)
+
+
+def test_dense_term_sums_to_zero_over_the_group_at_each_position():
+    # A token position does not get pushed up (or down) in all k samples at once.
+    rewards = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(7))
+    seq = torch.randn(2, 5, generator=torch.Generator().manual_seed(8))
+    term = dense_advantages(seq, rewards, full_mask(rewards), coef=1.0, gamma=0.8) - seq.unsqueeze(-1)
+    assert torch.allclose(term.sum(dim=1), torch.zeros(2, 8), atol=1e-5)
+    assert term.abs().sum() > 1.0
+
+
+def test_dense_baseline_of_a_sample_does_not_depend_on_its_own_rewards():
+    # The leave-one-out baseline is what keeps the term unbiased: changing sample 0's rewards changes
+    # its term by exactly coef x the change of its own reward-to-go, nothing else.
+    gen = torch.Generator().manual_seed(9)
+    rewards = torch.rand(1, 3, 5, generator=gen)
+    changed = rewards.clone()
+    changed[0, 0] += torch.rand(5, generator=gen)
+    seq, mask = torch.zeros(1, 3), full_mask(rewards)
+    delta = dense_advantages(seq, changed, mask, coef=2.0)[0, 0] - dense_advantages(seq, rewards, mask, coef=2.0)[0, 0]
+    own_to_go = (changed - rewards)[0, 0].flip(0).cumsum(0).flip(0)
+    assert torch.allclose(delta, 2.0 * own_to_go, atol=1e-5)
+
+
+def test_dense_term_at_the_first_token_is_rloo_of_the_summed_token_rewards():
+    rewards = torch.rand(2, 4, 6, generator=torch.Generator().manual_seed(10))
+    mask = full_mask(rewards)
+    mask[0, 1, 4:] = False  # a shorter sample: its padding is ignored
+    term = dense_advantages(torch.zeros(2, 4), rewards, mask, coef=1.0)
+    assert torch.allclose(term[..., 0], rloo_advantages((rewards * mask).sum(dim=-1)), atol=1e-6)
+    assert torch.equal(term[0, 1, 4:], torch.zeros(2))
+
+
+def test_whitening_dense_advantages_without_signal_matches_the_sequence_path():
+    # The controller whitens the kept tokens' advantages as one set; with equal lengths and no
+    # per-token signal that is the sequence advantages' whitening, token for token.
+    seq = rloo_advantages(torch.rand(3, 4, generator=torch.Generator().manual_seed(11)))
+    mask = torch.ones(3, 4, 5, dtype=torch.bool)
+    tokens = dense_advantages(seq, torch.zeros(3, 4, 5), mask, coef=1.0)
+    assert torch.allclose(whiten(tokens[mask]).view(3, 4, 5), whiten(seq).unsqueeze(-1).expand(3, 4, 5))
+    # With per-token signal the scale covers both terms: unit std over the tokens.
+    tokens = dense_advantages(seq, torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(12)), mask, coef=1.0)
+    assert whiten(tokens[mask]).std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,14 +26,17 @@ def fake_cluster():
     cluster.stop()
 
 
-def test_sandbox_nodes_follow_the_queue(fake_cluster):
+def test_sandbox_nodes_follow_the_queue(fake_cluster, tmp_path):
+    out = tmp_path / "report.json"  # not stdout: Ray prints the autoscaler's events there
     done = subprocess.run(
-        [sys.executable, __file__, fake_cluster.gcs_address], env={**os.environ, **LOOPBACK_ENV},
+        [sys.executable, __file__, fake_cluster.gcs_address, str(out)], env={**os.environ, **LOOPBACK_ENV},
         capture_output=True, text=True, timeout=420, check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = json.loads(out.read_text())
     nodes = [n for _, n in report["timeline"]]
+    changes = [(t, n) for i, (t, n) in enumerate(report["timeline"]) if i == 0 or n != nodes[i - 1]]
+    print(f"sandbox nodes over time (s, nodes): {changes}; results at {report['results_at']:.1f} s")
 
     assert nodes[0] == 0  # the cluster starts with no sandbox node (min_workers 0)
     assert report["peak_nodes"] == MAX_EXECUTORS  # the queue asked for every node the file allows
@@ -78,14 +82,15 @@ def drive(address: str) -> dict:
         time.sleep(1)
     stop.set()
     watcher.join()
+    timeline.append((round(time.monotonic() - start, 2), sandbox_nodes()))
     stats = pool.stats()
     pool.shutdown()
     peak = max(n for _, n in timeline)
     return {
         "timeline": timeline, "passed": sum(r.status.value == "passed" for r in results), "stats": stats,
-        "peak_nodes": peak, "results_at": results_at, "end_nodes": sandbox_nodes(),
+        "peak_nodes": peak, "results_at": results_at, "end_nodes": timeline[-1][1],
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(drive(sys.argv[1])))
+    Path(sys.argv[2]).write_text(json.dumps(drive(sys.argv[1])))

@@ -35,6 +35,9 @@ def test_overrides_are_typed_and_nested():
         ("learner.num_ranks=512", "config", "cannot fill learner.optimizer_steps x learner.num_ranks = 1024"),
         ("learner.advantage_estimator=ppo", "learner.advantage_estimator", "'rloo', 'grpo', 'reinforce_pp' or 'reinforce'"),
         ("rollout.weight_sync.transport=mpi", "rollout.weight_sync.transport", "'gloo' or 'nccl'"),
+        ("rollout.dtype=float16", "rollout.dtype", "'float32' or 'bfloat16'"),
+        ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization", "less than or equal to 1"),
+        ("metrics_export_port=70000", "metrics_export_port", "less than or equal to 65535"),
     ],
 )
 def test_invalid_field_is_named_with_its_reason(override, field, reason):
@@ -66,3 +69,38 @@ def test_kl_schedule_is_linear_then_flat():
     config = load_config(None, ["learner.kl_coef=0.1", "learner.kl_coef_final=0.0", "learner.kl_schedule_steps=10"])
     assert [round(config.learner.kl_coef_at(s), 3) for s in (1, 6, 11, 50)] == [0.1, 0.05, 0.0, 0.0]
     assert load_config(None, ["learner.kl_coef=0.2"]).learner.kl_coef_at(99) == 0.2
+
+
+def test_dense_rewards_give_the_reward_service_the_policy_tokenizer_and_need_rloo():
+    from coderloo.runtime import REPO_ROOT
+
+    assert load_config("configs/default.yaml").reward.tokenizer_path is None  # no per-token rewards: no cost
+    cfg = load_config("configs/default.yaml", ["learner.dense_rewards=true"])
+    assert cfg.reward.tokenizer_path == str(REPO_ROOT / ".cache/tiny-qwen2")  # absolute: the replicas' cwd may differ
+    cfg = load_config(None, ["learner.dense_rewards=true", "model.path=/models/m", "reward.tokenizer_path=/tok"])
+    assert cfg.reward.tokenizer_path == "/tok"
+    with pytest.raises(ConfigError, match="dense_rewards needs advantage_estimator 'rloo'.*got 'grpo'"):
+        load_config(None, ["learner.dense_rewards=true", "learner.advantage_estimator=grpo"])
+    with pytest.raises(ConfigError, match="learner.dense_gamma"):
+        load_config(None, ["learner.dense_gamma=1.5"])
+
+
+def test_engine_options_and_placement_fields():
+    gpu = load_config("configs/default.yaml", ["rollout.gpus_per_worker=1", "rollout.dtype=bfloat16",
+                                               "rollout.max_model_len=2048", "rollout.resources={rollout_gpu: 1}"])
+    assert gpu.rollout.engine_options() == {"dtype": "bfloat16", "max_model_len": 2048, "gpu_memory_utilization": 0.9}
+    assert gpu.rollout.resources == {"rollout_gpu": 1.0}
+    # no GPU: vLLM's memory share is left out (the CPU backend sizes its KV cache by VLLM_CPU_KVCACHE_SPACE)
+    assert "gpu_memory_utilization" not in load_config("configs/default.yaml").rollout.engine_options()
+    with pytest.raises(ConfigError, match="rollout.dtype applies to the vllm backend"):
+        load_config("configs/default.yaml", ["rollout.backend=transformers", "rollout.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match="metrics_export_port sets the endpoint of a local cluster"):
+        load_config("configs/default.yaml", ["metrics_export_port=9100", "ray_address=auto"])
+
+
+def test_placement_options_leave_ray_defaults_alone():
+    from coderloo.runtime import placement_options
+
+    # no option at all: the actor holds no CPU while it runs (2 cores fit learner + worker + replica)
+    assert placement_options(0, {}) == {}
+    assert placement_options(1, {"rollout_gpu": 1}) == {"num_gpus": 1, "resources": {"rollout_gpu": 1}}

@@ -1,12 +1,48 @@
 """One short training run through Ray, vLLM, DeepSpeed and the sandbox pool."""
 import json
+import re
+import threading
+import urllib.request
+from pathlib import Path
 
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
+from coderloo.runtime import metrics_endpoint
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "configs" / "grafana-dashboard.json"
+
+
+class MetricsScraper:
+    """Reads Ray's Prometheus endpoint every second, as Prometheus would, while a run goes on:
+    every coderloo sample seen, by metric name."""
+
+    def __init__(self, url: str):
+        self.url, self.seen, self.errors = url, {}, []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.done.wait(1.0):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=5).read().decode()
+            except OSError as e:
+                self.errors.append(repr(e))
+                continue
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name.startswith("ray_coderloo_"):
+                        self.seen.setdefault(sample.name, []).append((sample.labels, sample.value))
+
+    def stop(self) -> dict:
+        self.done.set()
+        self.thread.join()
+        return self.seen
 
 
 def test_short_training_run(ray_cluster, tiny_model, tmp_path):
@@ -26,6 +62,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             "rollout.max_new_tokens=16",
             "learner.optimizer_steps=2",
             "learner.kl_coef=0.05",
+            "learner.dense_rewards=true",  # per-token advantages from the reward service's attribution
             # an untrained model's groups are mostly all-fail: keep them so that the steps learn
             "learner.filter_uninformative=false",
             "train.replay_groups=1",  # step 2 also learns from one replayed group of step 1
@@ -35,7 +72,9 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             "eval.k=[1,2]",
         ],
     )
+    scraper = MetricsScraper(metrics_endpoint())
     summary = train(config)
+    seen = scraper.stop()
 
     # the version advanced: one push after SFT, one per RL step
     assert summary["policy_version"] == 3
@@ -60,12 +99,30 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             assert r["sampler_logprob_diff_mean"] < 1e-3  # vLLM and the learner agree on the policy
         assert r["tis_weight_mean"] > 0
         assert "kl" in r and r["groups_filtered"] == 0
+        # every sample's token rewards came back, one per token (else the step raises), and they
+        # moved the advantages off the sequence's
+        assert r["dense_advantage_abs_mean"] > 0
     assert len([r for r in records if r["phase"] == "sft"]) == 2
     evals = [r for r in records if r["phase"] == "eval"]
     assert [(r["stage"], r["step"]) for r in evals] == [("base", 0), ("rl", 0), ("rl", 1), ("rl", 2)]
     assert all({"pass@1", "pass@2", "greedy_pass@1"} <= set(r) for r in evals)
     assert (out / "training.png").stat().st_size > 0
     assert json.loads((out / "summary.json").read_text())["final"] == summary["final"]
+
+    # Ray's Prometheus endpoint carried the run's metrics while it ran: every one the Grafana
+    # dashboard plots, with this run's values
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    plotted = {name for p in panels for t in p["targets"] for name in re.findall(r"ray_coderloo_\w+", t["expr"])}
+    assert plotted - set(seen) == set(), f"not on the endpoint: {plotted - set(seen)} (scrape errors: {scraper.errors[-3:]})"
+    ours = {name: [v for labels, v in samples if labels.get("run") == out.name] for name, samples in seen.items()}
+    assert max(ours["ray_coderloo_policy_version"]) >= 2 and max(ours["ray_coderloo_rl_step"]) >= 1
+    assert max(ours["ray_coderloo_samples_total"]) >= 16  # step 1's 4 prompts x 4 samples
+    assert max(ours["ray_coderloo_samples_per_second"]) > 0
+    phases = {labels["phase"] for labels, _ in seen["ray_coderloo_step_phase_seconds"] if labels.get("run") == out.name}
+    assert phases == {"generate", "score_tail", "wait_rollouts", "learn", "sync", "step"}
+    assert {"pass@1", "greedy_pass@1"} <= {labels["metric"] for labels, _ in seen["ray_coderloo_eval_score"]}
+    # the sandbox pool published its executors (the reward service's pool, on its own actor)
+    assert max(v for labels, v in seen["ray_coderloo_sandbox_executors"] if labels["state"] == "ready") >= 1
 
 
 def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):

@@ -69,3 +69,23 @@ def test_two_ranks_zero2_stay_identical_and_match_one_rank(ray_cluster, tiny_mod
         assert torch.allclose(rank0[name], single[name], atol=1e-5), f"{name}: 2 ranks differ from 1 rank"
     assert any(not torch.allclose(rank0[n], initial[n]) for n in initial)
     assert stats2["tokens"] == stats1["tokens"]  # the two ranks together saw every token once
+
+
+def test_token_advantages_reach_the_loss(ray_cluster, tiny_model):
+    """Per-token advantages replace the sequence's: all zero, nothing moves although every sequence
+    has an advantage of +-1; one non-zero token moves the weights."""
+    _, sequences = batch(tiny_model, count=4)
+    learner = LearnerGroup(str(tiny_model), LearnerConfig(optimizer_steps=1), 1.0)
+    try:
+        initial = learner.state_dicts()[0]
+        for seq in sequences:
+            seq.token_advantages = [0.0] * len(seq.completion_ids)
+        assert learner.train_step(sequences)["grad_norm"] == 0.0
+        unchanged = learner.state_dicts()[0]
+        sequences[0].token_advantages[0] = 1.0
+        assert learner.train_step(sequences)["grad_norm"] > 0
+        changed = learner.state_dicts()[0]
+    finally:
+        learner.kill()
+    assert all(torch.equal(unchanged[n], initial[n]) for n in initial)
+    assert any(not torch.equal(changed[n], initial[n]) for n in initial)

@@ -111,12 +111,34 @@ def test_pack_masks_only_completion_positions():
     # position t predicts token t+1: completion tokens of row 0 are predicted at 2 and 3
     assert b.completion_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
     assert torch.allclose(b.old_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [-1.0, -2.0, -3.0, 0]]))
-    assert b.advantages.tolist() == [1.0, -1.0]
+    # without per-token advantages, the sequence's advantage on each of its completion tokens
+    assert torch.equal(b.advantages, torch.tensor([[0, 0, 1.0, 1.0], [-1.0, -1.0, -1.0, 0]]))
 
 
-def test_pack_rejects_misaligned_logprobs():
+def test_pack_places_token_advantages_on_their_tokens():
+    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], 1.0, token_advantages=[0.5, -2.0]),
+            TrainSequence([5], [8, 9, 10], [-1.0, -2.0, -3.0], -1.0)]
+    b = pack(seqs, pad_id=0)
+    assert torch.equal(b.advantages, torch.tensor([[0, 0, 0.5, -2.0], [-1.0, -1.0, -1.0, 0]]))
+
+
+def test_pack_rejects_misaligned_logprobs_and_token_advantages():
     with pytest.raises(ValueError, match="2 logprobs for 3 completion tokens"):
         pack([TrainSequence([1], [2, 3, 4], [0.0, 0.0], 0.0)], pad_id=0)
+    with pytest.raises(ValueError, match="sequence 1: 4 token advantages for 3 completion tokens"):
+        pack([TrainSequence([1], [2], [0.0], 0.0), TrainSequence([1], [2, 3, 4], [0.0] * 3, 0.0, [0.0] * 4)], pad_id=0)
+
+
+def test_policy_loss_gradient_of_each_token_scales_with_its_own_advantage():
+    # Packed per-token advantages: on-policy, d loss / d logprob_t = -A_t / (completion tokens).
+    seqs = [TrainSequence([5, 6], [8, 9, 4], [-1.0, -0.5, -2.0], 1.0, token_advantages=[3.0, -1.0, 0.0]),
+            TrainSequence([5], [7, 8], [-0.2, -0.3], -0.5)]
+    b = pack(seqs, pad_id=0)
+    logprobs = b.old_logprobs.clone().requires_grad_(True)
+    loss, _ = policy_loss(logprobs, b.old_logprobs, b.advantages, b.completion_mask, clip_eps=0.2)
+    loss.backward()
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, -3.0, 1.0, 0.0], [0.5, 0.5, 0.0, 0.0]]) / 5)
+    assert loss.item() == pytest.approx(-(3.0 - 1.0 + 0.0 - 0.5 - 0.5) / 5)
 
 
 def test_split_even_covers_everything_in_order():

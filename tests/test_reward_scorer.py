@@ -100,3 +100,23 @@ def test_weights_need_a_positive_weight():
 
     with pytest.raises(ValidationError):
         RewardWeights(syntax=0.0, functionality=0.0)
+
+
+def test_execution_feedback_names_the_first_failing_test_and_is_bounded():
+    from reward_service.scorer import FEEDBACK_CHARS, execution_feedback
+
+    task = TASK.model_copy(update={"tests": ["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"]})
+
+    def result(status, tests, detail=""):
+        return ExecutionResult(status=status, tests=tests, num_tests=3, duration_s=0.0, detail=detail)
+
+    ok, bad = {"passed": True, "error": None}, {"passed": False, "error": "AssertionError"}
+    assert execution_feedback(task, result(Status.passed, [ok] * 3)) == ""
+    assert execution_feedback(task, result(Status.failed, [ok, bad, bad], "2 of 3 tests failed")) == (
+        "2 of 3 tests failed\nfirst failing test: assert f(2) == 3\nAssertionError"
+    )
+    # an error before the tests: only why the run ended
+    assert execution_feedback(task, result(Status.runtime_error, [], "the program raised NameError: name 'g' is not defined")) == (
+        "the program raised NameError: name 'g' is not defined"
+    )
+    assert len(execution_feedback(task, result(Status.failed, [bad] * 3, "x" * 5000))) == FEEDBACK_CHARS

@@ -55,6 +55,8 @@ def test_scores_over_http_with_token_rewards(service, tiny_model):
     assert len(right["token_rewards"]) == len(ids) and sum(right["token_rewards"]) == pytest.approx(1.1)
     assert not wrong["passed"] and wrong["components"]["lint"] == 0.2 and wrong["token_rewards"] is None
     assert [d["code"] for d in wrong["diagnostics"]] == ["F401"]
+    # what a rewrite would be told: nothing when it passed, else the first failing test
+    assert right["feedback"] == "" and "first failing test: " in wrong["feedback"]
 
 
 def test_handle_without_http(service):

@@ -1,0 +1,183 @@
+"""A CodeRL-style critic: predicts a program's outcome class from its tokens, trained online.
+
+The critic is a model of its own, as CodeRL's is: the transformer backbone of the policy's
+initial checkpoint (so it reads code with the policy's tokenizer and pretrained features) and a
+linear head over four outcome classes, fine-tuned whole with cross-entropy on the samples the
+sandbox scores, in one CPU actor. Not a head on the policy's hidden states: the policy's weights
+then serve the RL objective alone, the critic trains while the learner does instead of in its
+step, and a run without a critic is unchanged.
+
+Its features: the mean of the backbone's last hidden states at the completion's positions. Under
+causal attention the prompt's positions never see the completion, and they are the same for all
+k samples of a prompt, so pooling them would only dilute what tells the samples apart.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+import torch
+import torch.nn.functional as F
+
+from learner.batch import TrainSequence, pack
+from sandbox_pool import Status
+
+OUTCOMES = ("syntax_error", "runtime_error", "failed", "passed")
+PASSED = OUTCOMES.index("passed")
+
+# CodeRL's four classes from the sandbox's statuses. A test that raises counts as a failed test
+# here (the sandbox's `failed`: the program ran and a test did not pass); `runtime_error` is a
+# program that raised or crashed before its tests finished, or ran out of time or memory.
+_OUTCOME_OF = {
+    Status.syntax_error: "syntax_error",
+    Status.runtime_error: "runtime_error",
+    Status.timeout: "runtime_error",
+    Status.memory_exceeded: "runtime_error",
+    Status.failed: "failed",
+    Status.passed: "passed",
+}
+
+
+def outcome_class(status: Status) -> int | None:
+    """The index in OUTCOMES of a scored program; None for a sandbox failure (no label)."""
+    name = _OUTCOME_OF.get(Status(status))
+    return None if name is None else OUTCOMES.index(name)
+
+
+def accuracy(probs: np.ndarray, labels: np.ndarray) -> float | None:
+    """Share of rows whose most probable class is the label; None without rows."""
+    return float((probs.argmax(axis=1) == labels).mean()) if len(labels) else None
+
+
+def auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve: the probability that a random positive scores above a random
+    negative, ties counting one half (Mann-Whitney U from average ranks). None without both."""
+    positive = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)  # 1-based rank of the last member of each group of equal scores
+    ranks = (ends - (counts - 1) / 2)[inverse]
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def heldout_task(task_id: str, fraction: float) -> bool:
+    """Whether the critic keeps a task's samples for measurement only: by task, not by sample,
+    since the k samples of a prompt are alike and would leak into its training."""
+    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
+
+
+@ray.remote
+class Critic:
+    """The critic's model and optimizer. `config` is a coderloo.config.CriticConfig."""
+
+    def __init__(self, model_path: str, config, seed: int = 0):
+        from transformers import AutoModel
+
+        from coderloo.models import load_tokenizer
+
+        torch.set_num_threads(config.threads)
+        torch.manual_seed(seed)
+        self.config = config
+        self.rng = random.Random(seed)
+        self.pad_id = load_tokenizer(model_path).pad_token_id
+        self.backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+        self.head = torch.nn.Linear(self.backbone.config.hidden_size, len(OUTCOMES))
+        params = list(self.backbone.parameters()) + list(self.head.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+
+    def _logits(self, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+        batch = pack([TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in pairs], self.pad_id)
+        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        # completion_mask marks the positions that predict completion tokens; one to the right
+        # are the completion tokens themselves. An empty completion pools to zeros (the bias alone).
+        mask = F.pad(batch.completion_mask, (1, 0)).unsqueeze(-1)
+        return self.head((hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1))
+
+    def train_step(self, examples: list[tuple[list[int], list[int], int]]) -> dict[str, float]:
+        """`config.steps_per_rl_step` optimizer steps on random batches of (prompt ids,
+        completion ids, outcome class) examples; the mean cross-entropy."""
+        if not examples:
+            return {}
+        self.backbone.train()
+        losses = []
+        for _ in range(self.config.steps_per_rl_step):
+            batch = self.rng.sample(examples, min(self.config.batch_size, len(examples)))
+            logits = self._logits([(p, c) for p, c, _ in batch])
+            loss = F.cross_entropy(logits, torch.tensor([y for _, _, y in batch]))
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            losses.append(loss.item())
+        return {"critic_loss": sum(losses) / len(losses)}
+
+    @torch.no_grad()
+    def predict(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Each pair's probability of each class in OUTCOMES."""
+        self.backbone.eval()
+        pairs = list(zip(prompt_ids, completion_ids, strict=True))
+        size = self.config.batch_size
+        return [row for i in range(0, len(pairs), size) for row in torch.softmax(self._logits(pairs[i : i + size]), dim=-1).tolist()]
+
+
+@dataclass
+class CriticStep:
+    """The critic's view of one RL step: its predictions, made before it learned from the step's
+    samples, and the update it is making from them meanwhile."""
+
+    probs: ray.ObjectRef
+    training: ray.ObjectRef
+    labels: list[int | None]
+    heldout: list[bool]
+
+    def p_passed(self) -> list[float]:
+        return [row[PASSED] for row in ray.get(self.probs)]
+
+    def metrics(self) -> dict[str, float | None]:
+        """Accuracy and AUC of P(passed) on the held-out tasks' samples, and the update's loss.
+
+        Waits for the update, so that the critic's work never piles up behind a faster learner
+        (and a failed update surfaces)."""
+        keep = [i for i, (y, held) in enumerate(zip(self.labels, self.heldout)) if held and y is not None]
+        probs = np.array(ray.get(self.probs))[keep]
+        labels = np.array([self.labels[i] for i in keep], dtype=int)
+        return {
+            "critic_accuracy": accuracy(probs, labels),
+            "critic_auc": auc(probs[:, PASSED], labels == PASSED),
+            "critic_heldout_samples": len(keep),
+            **ray.get(self.training),
+        }
+
+
+class OnlineCritic:
+    """The controller's side of the critic: which tasks it never trains on, what it is sent each
+    step, and predictions for evaluation. Not checkpointed: a resumed run's critic starts again
+    from the initial checkpoint."""
+
+    def __init__(self, model_path: str, config, seed: int = 0, name: str | None = None):
+        self.config = config
+        self.actor = Critic.options(name=name).remote(model_path, config, seed)
+
+    def observe(self, tasks, rollouts, statuses: list[Status]) -> CriticStep:
+        """Predict every sample of a step (the prompt groups `rollouts` of `tasks`; the sandbox's
+        `statuses` flat in the same order), then train on those of the tasks not held out.
+        Returns at once."""
+        task_ids = [t.id for t, r in zip(tasks, rollouts, strict=True) for _ in r.samples]
+        prompt_ids = [r.prompt_ids for r in rollouts for _ in r.samples]
+        completion_ids = [s.token_ids for r in rollouts for s in r.samples]
+        labels = [outcome_class(s) for s in statuses]
+        heldout = [heldout_task(t, self.config.heldout_fraction) for t in task_ids]
+        probs = self.actor.predict.remote(prompt_ids, completion_ids)  # an actor runs calls in order
+        train = [(p, c, y) for p, c, y, held in zip(prompt_ids, completion_ids, labels, heldout, strict=True) if y is not None and not held]
+        return CriticStep(probs, self.actor.train_step.remote(train), labels, heldout)
+
+    def p_passed(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> np.ndarray:
+        """P(passed) of each pair, for critic-guided selection."""
+        return np.array(ray.get(self.actor.predict.remote(prompt_ids, completion_ids)))[:, PASSED]
+
+    def kill(self) -> None:
+        ray.kill(self.actor)
