@@ -27,6 +27,21 @@ def pass_rate_of_pick(passed: np.ndarray, scores: np.ndarray) -> float:
     return float(passed[np.arange(len(passed)), scores.argmax(axis=1)].mean())
 
 
+def vote_scores(texts: list[list[str]], weights: np.ndarray) -> np.ndarray:
+    """Each sample's vote: the summed weight of the task's samples with the same program (up to
+    leading and trailing whitespace). With weights 1 it is a majority vote; with the critic's
+    P(passed), a program written many times is not outvoted by many distinct wrong ones, each
+    with one noisy score, as it is when the single highest score wins."""
+    scores = np.zeros_like(weights, dtype=float)
+    for row, programs in enumerate(texts):
+        keys = [p.strip() for p in programs]
+        totals: dict[str, float] = {}
+        for key, w in zip(keys, weights[row]):
+            totals[key] = totals.get(key, 0.0) + float(w)
+        scores[row] = [totals[key] for key in keys]
+    return scores
+
+
 def evaluate(
     rollouts_group: RolloutGroup,
     rewards_service: RewardClient,
@@ -43,7 +58,8 @@ def evaluate(
 ) -> dict[str, float]:
     """pass@k over `tasks` from n samples each (unless not `sampled`); with `greedy`, also greedy
     pass@1; with a `critic`, pass@1 of its pick among each task's first `select_n` samples
-    (pass@1_critic) and of a uniformly random pick among the same ones (pass@1_random)."""
+    (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
+    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote)."""
     prompts = [t.prompt for t in tasks]
     metrics: dict[str, float] = {}
     if sampled:
@@ -57,7 +73,11 @@ def evaluate(
             m = critic.config.select_n
             p_passed = critic.p_passed([r.prompt_ids for r in rollouts for _ in r.samples[:m]],
                                        [s.token_ids for r in rollouts for s in r.samples[:m]])
-            metrics["pass@1_critic"] = pass_rate_of_pick(passed[:, :m], p_passed.reshape(len(tasks), m))
+            p_passed = p_passed.reshape(len(tasks), m)
+            texts = [[s.text for s in r.samples[:m]] for r in rollouts]
+            metrics["pass@1_critic"] = pass_rate_of_pick(passed[:, :m], p_passed)
+            metrics["pass@1_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed)))
+            metrics["pass@1_critic_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, p_passed))
             metrics["pass@1_random"] = float(passed[:, :m].mean())
     if greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)

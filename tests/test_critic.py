@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from coderloo.config import ConfigError, CriticConfig, load_config
-from coderloo.evaluation import pass_rate_of_pick
+from coderloo.evaluation import pass_rate_of_pick, vote_scores
 from learner.critic import OUTCOMES, CriticStep, OnlineCritic, accuracy, auc, heldout_task, outcome_class
 from rollout_workers import PromptRollout, Sample
 from sandbox_pool import ExecutionRequest, Status, execute
@@ -146,3 +146,14 @@ def test_critic_learns_outcome_classes_of_unseen_tasks(ray_cluster, tiny_model):
         assert len(p_passed) == len(statuses) and all(0.0 <= p <= 1.0 for p in p_passed)
     finally:
         critic.kill()
+
+
+def test_votes_pool_the_weight_of_identical_programs():
+    texts = [["a", "b ", "b", "c"], ["x", "y", "z", "w"]]
+    weights = np.array([[0.9, 0.5, 0.5, 0.1], [0.1, 0.2, 0.3, 0.4]])
+    scores = vote_scores(texts, weights)
+    assert scores.tolist() == [[0.9, 1.0, 1.0, 0.1], [0.1, 0.2, 0.3, 0.4]]  # "b " and "b" are one program
+    passed = np.array([[0, 1, 1, 0], [0, 0, 0, 1]])
+    assert pass_rate_of_pick(passed, scores) == 1.0  # the written-twice program beats the single top score
+    assert pass_rate_of_pick(passed, weights) == 0.5
+    assert vote_scores(texts, np.ones_like(weights))[0].tolist() == [1, 2, 2, 1]  # majority vote
