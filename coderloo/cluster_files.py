@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-SANDBOX_RESOURCE = "sandbox"  # sandbox_pool.pool.RESOURCE, without importing Ray's actors here
+from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
+
 
 
 class ClusterFileError(ValueError):

@@ -11,6 +11,7 @@ not other Ray instances on the machine, as `ray stop` would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -38,24 +39,19 @@ class LocalCluster:
         remove its temp directory (its logs with it)."""
         import psutil
 
+        def each(procs, action) -> list:
+            """`action(process)` for every process; those already gone are skipped."""
+            out = []
+            for p in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    out.append(action(p))
+            return out
+
         top = [p for p in psutil.process_iter(["cmdline"]) if any(self.temp_dir in a for a in p.info["cmdline"] or [])]
-        procs = set(top)
-        for p in top:
-            try:
-                procs.update(p.children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
+        procs = set(top).union(*each(top, lambda p: p.children(recursive=True)))
+        each(procs, psutil.Process.terminate)
         _, alive = psutil.wait_procs(procs, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        each(alive, psutil.Process.kill)
         psutil.wait_procs(alive, timeout=10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
