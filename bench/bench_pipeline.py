@@ -1,16 +1,19 @@
-"""Asynchronous against synchronous training: the same default config and number of steps, one run.
+"""Asynchronous against synchronous training: the same default config and number of steps.
 
-    python -m bench.bench_pipeline            # BENCH_PIPELINE_STEPS=150 (the default run length)
+    python -m bench.bench_pipeline     # BENCH_PIPELINE_STEPS=20 RL steps, BENCH_PIPELINE_REPEATS=3 runs each
 
-Two training runs of the default config (SFT warm-up, then RL), one with `train.max_staleness=0`
-(generate, score, train, push, in turn) and one with 1 (step t+1 is generated and scored while
-the learner trains on step t). Mid-run evaluations and checkpoints are off so that the RL phase
-is timed alone. Reported for each: RL samples per second (samples / the sum of step times), the
-learner's idle fraction (1 - time training / time of the steps) and held-out pass@1 at the end.
+Training runs of the default config (SFT warm-up, then RL), with `train.max_staleness=0`
+(generate, score, train, push, in turn) and with 1 (step t+1 is generated and scored while the
+learner trains on step t), alternating, BENCH_PIPELINE_REPEATS times each. Mid-run evaluations
+and checkpoints are off so that the RL phase is timed alone. Reported for each mode, as medians
+over its runs: RL samples per second (samples / the sum of step times), the learner's idle
+fraction (1 - time training / time of the steps) and held-out pass@1 at the end; and the ratio
+async / sync of each pair of runs.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 
 from bench.plots import comparison
@@ -18,7 +21,8 @@ from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
 
-STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "150"))
+STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "20"))
+REPEATS = int(os.environ.get("BENCH_PIPELINE_REPEATS", "3"))
 
 
 def run(staleness: int, out: str) -> dict:
@@ -40,14 +44,21 @@ def run(staleness: int, out: str) -> dict:
 
 def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-pipeline-")
-    results = {mode: run(s, f"{root}/{mode}") for mode, s in (("sync", 0), ("async", 1))}
-    print(f"pipeline, default config, {STEPS} RL steps each (no mid-run evals)")
-    for mode, r in results.items():
-        print(f"  {mode:5s}  {r['samples_per_s']:6.1f} samples/s  learner idle {r['learner_idle']:5.1%}  "
+    runs = {"sync": [], "async": []}
+    for i in range(REPEATS):  # alternating, so that a slow spell of the shared machine hits both
+        for mode, staleness in (("sync", 0), ("async", 1)):
+            runs[mode].append(run(staleness, f"{root}/{mode}-{i}"))
+    median = {mode: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for mode, rs in runs.items()}
+    ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs["sync"], runs["async"])]
+    print(f"pipeline, default config, {STEPS} RL steps each (no mid-run evals), medians of {REPEATS} runs each")
+    for mode, r in median.items():
+        each = ", ".join(f"{x['samples_per_s']:.1f}" for x in runs[mode])
+        print(f"  {mode:5s}  {r['samples_per_s']:6.1f} samples/s (runs: {each})  learner idle {r['learner_idle']:5.1%}  "
               f"RL {r['rl_seconds']:6.0f} s  final pass@1 {r['pass@1']:.3f}  greedy {r['greedy_pass@1']:.3f}")
-    print(f"  async / sync: {results['async']['samples_per_s'] / results['sync']['samples_per_s']:.2f}x samples/s")
-    return [comparison(f"pipeline, {STEPS} RL steps", "samples/s", "async",
-                       {mode: r["samples_per_s"] for mode, r in results.items()})]
+    print(f"  async / sync: {median['async']['samples_per_s'] / median['sync']['samples_per_s']:.2f}x samples/s "
+          f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in ratios)})")
+    return [comparison(f"pipeline, {STEPS} RL steps, median of {REPEATS}", "samples/s", "async",
+                       {mode: r["samples_per_s"] for mode, r in median.items()})]
 
 
 if __name__ == "__main__":

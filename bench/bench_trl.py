@@ -1,23 +1,27 @@
 """End-to-end RL training samples/s: TRL's RLOOTrainer against coderloo's own loop, in one run.
 
-    python -m bench.bench_trl          # BENCH_TRL_STEPS=8 steps each
+    python -m bench.bench_trl          # BENCH_TRL_STEPS=8 steps each, BENCH_TRL_REPEATS=3 runs each
 
-Both sides train the same tiny Qwen2 model (coderloo.models.build_tiny_model, built offline), on
-the same synthetic train tasks, with k=8 samples per prompt, the same prompts per step, the same
-max new tokens, temperature 1, learning rate, no KL, and rewards from the same reward service
-(the Ray Serve app and its sandbox pool, through the same RewardClient: TRL's reward function
-calls it). Each runs a fixed number of steps. Samples/s counts the completions of the RL steps
-over the time of those steps (generation, scoring and learning; not start-up):
+Both sides train the same tiny Qwen2 model (coderloo.models.build_tiny_model, built offline),
+warm-started by coderloo's SFT phase (so that the samples are programs that compile and run, and
+the sandbox is exercised: the random model's samples almost never compile), on the same synthetic
+train tasks, with k=8 samples per prompt, the same prompts per step, the same max new tokens,
+temperature 1, learning rate, no KL, and rewards from the same reward service (the Ray Serve app
+and its sandbox pool, through the same RewardClient: TRL's reward function calls it). Each runs a
+fixed number of steps, BENCH_TRL_REPEATS times, alternating; the figures are the medians. Samples/s
+counts the completions of the RL steps over the time of those steps (generation, scoring and
+learning; not start-up):
 - coderloo: `coderloo.controller.train` with SFT off and minimal evaluation; `samples` and
   `time_step_s` of the RL steps in metrics.jsonl. Its defaults stay: vLLM generation, the
-  asynchronous pipeline (max_staleness 1), two optimizer steps per batch. Uninformative groups
-  are kept (filter off), so that both sides learn from every sample.
+  synchronous loop (max_staleness 0, the faster on 2 cores: bench_pipeline), two optimizer steps
+  per batch. Uninformative groups are kept (filter off), so that both sides learn from every sample.
 - TRL: RLOOTrainer (transformers generation in the training process, one optimizer step per
   batch); the time of each optimizer step, from a TrainerCallback.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +29,23 @@ from pathlib import Path
 from bench.plots import comparison
 
 STEPS = int(os.environ.get("BENCH_TRL_STEPS", "8"))
+REPEATS = int(os.environ.get("BENCH_TRL_REPEATS", "3"))
 PROMPTS_PER_STEP = 8
 K = 8
 MAX_NEW_TOKENS = 48
 LR = 2e-4
+
+
+def warm_start(out: Path) -> Path:
+    """The tiny model after coderloo's default SFT phase (no RL step): both sides start from it."""
+    from coderloo.config import load_config
+    from coderloo.controller import train
+
+    train(load_config("configs/default.yaml", [
+        f"model.path={out / 'tiny-qwen2'}", f"train.output_dir={out / 'sft'}", "train.steps=0",
+        "tasks.max_eval_tasks=1", "eval.samples_per_task=1", "eval.k=[1]", "eval.greedy=false",
+    ]))
+    return out / "sft" / "checkpoints" / "final"
 
 
 def run_coderloo(model: Path, out: Path) -> dict:
@@ -37,7 +54,7 @@ def run_coderloo(model: Path, out: Path) -> dict:
     from coderloo.metrics import read_metrics
 
     config = load_config("configs/default.yaml", [
-        f"model.path={model}", f"train.output_dir={out}", "sft.steps=0",
+        f"model.path={model}", "model.build_tiny=false", f"train.output_dir={out}", "sft.steps=0",
         f"train.steps={STEPS}", f"train.prompts_per_step={PROMPTS_PER_STEP}", "train.eval_every=0",
         "train.checkpoint_every=0", f"rollout.samples_per_prompt={K}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
         f"learner.lr={LR}", "learner.filter_uninformative=false",
@@ -60,7 +77,7 @@ def _rates(samples: list[int], seconds: list[float]) -> dict:
 def run_trl(model: Path, out: Path) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import RLOOConfig, RLOOTrainer
 
     from coderloo.config import load_config
@@ -106,6 +123,7 @@ def run_trl(model: Path, out: Path) -> dict:
         processing_class=AutoTokenizer.from_pretrained(model),
         callbacks=[timer],
     )
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts would fill the report
     try:
         trainer.train()
     finally:
@@ -115,27 +133,28 @@ def run_trl(model: Path, out: Path) -> dict:
 
 
 def main() -> list[dict]:
-    from coderloo.models import TinyModelSpec, build_tiny_model
     from coderloo.runtime import apply_env_defaults
-    from coderloo.tasksets.synthetic import corpus_for_tokenizer
 
     apply_env_defaults()
     root = Path(tempfile.mkdtemp(prefix="bench-trl-"))
-    model = build_tiny_model(root / "tiny-qwen2", corpus_for_tokenizer(), TinyModelSpec())
-    results = {"coderloo": run_coderloo(model, root / "coderloo"), "trl": run_trl(model, root / "trl")}
-    results["ratio"] = results["coderloo"]["samples_per_s"] / results["trl"]["samples_per_s"]
-    results["ratio_after_first"] = (results["coderloo"]["samples_per_s_after_first"]
-                                    / results["trl"]["samples_per_s_after_first"])
-    print(f"RL training, tiny model, {STEPS} steps of {PROMPTS_PER_STEP} prompts x {K} samples, "
-          f"{MAX_NEW_TOKENS} new tokens, rewards from the same sandboxed reward service")
-    for name in ("coderloo", "trl"):
-        r = results[name]
-        print(f"  {name:8s} {r['samples_per_s']:7.1f} samples/s  ({r['samples']} samples in {r['seconds']:.1f} s of steps; "
-              f"{r['samples_per_s_after_first']:.1f} samples/s without the first step)  mean reward {r['mean_reward']:.3f}")
-    print(f"  coderloo / TRL RLOOTrainer: {results['ratio']:.2f}x samples/s "
-          f"({results['ratio_after_first']:.2f}x without the first step)")
-    return [comparison(f"RL training, tiny model, {STEPS} steps", "samples/s", "coderloo",
-                       {"coderloo": results["coderloo"]["samples_per_s"], "TRL RLOOTrainer": results["trl"]["samples_per_s"]})]
+    model = warm_start(root)
+    runs = {"coderloo": [], "trl": []}
+    for i in range(REPEATS):  # alternating, so that a slow spell of the shared machine hits both
+        runs["coderloo"].append(run_coderloo(model, root / f"coderloo-{i}"))
+        runs["trl"].append(run_trl(model, root / f"trl-{i}"))
+    median = {name: {key: statistics.median(r[key] for r in rs) for key in ("samples_per_s", "samples_per_s_after_first", "mean_reward")}
+              for name, rs in runs.items()}
+    ratios = [c["samples_per_s"] / t["samples_per_s"] for c, t in zip(runs["coderloo"], runs["trl"])]
+    print(f"RL training, tiny model after SFT, {STEPS} steps of {PROMPTS_PER_STEP} prompts x {K} samples, "
+          f"{MAX_NEW_TOKENS} new tokens, rewards from the same sandboxed reward service; medians of {REPEATS} runs each")
+    for name, m in median.items():
+        each = ", ".join(f"{r['samples_per_s']:.1f}" for r in runs[name])
+        print(f"  {name:8s} {m['samples_per_s']:7.1f} samples/s  (runs: {each}; {m['samples_per_s_after_first']:.1f} "
+              f"without the first step)  mean reward {m['mean_reward']:.3f}")
+    print(f"  coderloo / TRL RLOOTrainer: {median['coderloo']['samples_per_s'] / median['trl']['samples_per_s']:.2f}x samples/s "
+          f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in ratios)})")
+    return [comparison(f"RL training, tiny model, {STEPS} steps, median of {REPEATS}", "samples/s", "coderloo",
+                       {"coderloo": median["coderloo"]["samples_per_s"], "TRL RLOOTrainer": median["trl"]["samples_per_s"]})]
 
 
 if __name__ == "__main__":

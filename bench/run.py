@@ -80,8 +80,10 @@ def main(names: list[str], out: Path = RESULTS_DIR) -> None:
             comparisons = module.main()
         seconds = time.time() - start
         numbers[name] = {"module": BENCHMARKS[name], "seconds": round(seconds, 1), "comparisons": comparisons}
-        # Ray forwards the actors' logs to this stdout, prefixed with "(ActorName pid=...)".
-        report = "\n".join(line for line in captured.getvalue().splitlines() if "pid=" not in line).strip()
+        # Ray forwards the actors' logs to this stdout, prefixed with "(ActorName pid=...)", and its
+        # raylet's notices (Serve's controller ending at shutdown) as "(raylet)".
+        report = "\n".join(line for line in captured.getvalue().splitlines()
+                           if "pid=" not in line and "(raylet)" not in line).strip()
         charts = [f"![{c['title']}]({plot(c, out / 'plots' / f'{name}-{i}.png').relative_to(out)})"
                   for i, c in enumerate(comparisons)]
         sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({seconds:.0f} s)\n\n```\n{report}\n```\n\n"

@@ -77,7 +77,12 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, metrics_ex
     if address:
         ray.init(address=address, runtime_env={"env_vars": env_vars})
         return
-    os.environ.update(LOOPBACK_ENV)
+    os.environ.update(LOOPBACK_ENV)  # for the processes Ray starts
+    # This process read the variable when it imported Ray, possibly before it was set (a test
+    # suite, a benchmark); without it Ray takes the default route's address for the node.
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(
         address="local",
         num_cpus=num_cpus,

@@ -64,6 +64,13 @@ def execution_feedback(task: Task, result: ExecutionResult) -> str:
     return "\n".join(lines)[:FEEDBACK_CHARS]
 
 
+def did_not_compile(task: Task, error: Diagnostic) -> ExecutionResult:
+    """The sandbox's answer to a program that does not compile, given without running it: the
+    sandbox's first step is the same `compile`, and its tests never run after a failed one."""
+    return ExecutionResult(status=Status.syntax_error, tests=[], num_tests=len(task.tests), duration_s=0.0,
+                           detail=f"SyntaxError: {error.message} (line {error.row}, column {error.column})")
+
+
 class RewardScorer:
     def __init__(self, pool: SandboxPool, limits: Limits, weights: RewardWeights):
         self.pool = pool
@@ -140,10 +147,16 @@ class RewardScorer:
         sandbox's results as failed programs would silently train the policy on noise."""
         analyses = [analyse(t, c) for t, c in zip(tasks, completions, strict=True)]
         programs = [a.program for a in analyses]
-        refs = self.submit(tasks, programs)
+        # A program that does not compile cannot pass: it is answered here, not sent to the pool
+        # (early in training most samples are such programs).
+        results: list[ExecutionResult | None] = [did_not_compile(t, a.syntax_error) if a.syntax_error else None
+                                          for t, a in zip(tasks, analyses)]
+        runnable = [i for i, r in enumerate(results) if r is None]
+        refs = self.submit([tasks[i] for i in runnable], [programs[i] for i in runnable])
         references = self._time_references(tasks)
         diagnostics = self._lint(analyses)  # while the pool runs the programs
-        results = ray.get(refs)
+        for i, result in zip(runnable, ray.get(refs)):
+            results[i] = result
         for task_id, ref in references:
             timed = ray.get(ref)
             if timed.status == Status.passed:  # a reference that fails its own tests gives no yardstick

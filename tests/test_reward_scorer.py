@@ -52,11 +52,15 @@ def test_reward_components_and_dedupe(ray_cluster):
     pool = ScriptedPool([Status.passed, Status.failed])
     scorer = RewardScorer(pool, Limits(), RewardWeights())
     right = TASK.reference[len(TASK.prompt):]
-    rewards = scorer.score([TASK, TASK, TASK], [right, "    return (\n", right])
-    assert len(pool.submitted[0]) == 2  # the repeated program ran once
-    assert [r.passed for r in rewards] == [True, False, True]
+    wrong = "    return None\n"
+    rewards = scorer.score([TASK, TASK, TASK, TASK], [right, "    return (\n", right, wrong])
+    # the repeated program ran once, and the one that does not compile never reached the pool
+    assert [r.program for r in pool.submitted[0]] == [TASK.prompt + right, TASK.prompt + wrong]
+    assert [r.passed for r in rewards] == [True, False, True, False]
+    assert [r.status for r in rewards] == [Status.passed, Status.syntax_error, Status.passed, Status.failed]
     assert rewards[0].total == pytest.approx(1.1) and rewards[0].syntax == 1.0
     assert rewards[1].total == 0.0 and rewards[1].syntax == 0.0 and rewards[1].functionality == 0.0
+    assert rewards[1].feedback.startswith("SyntaxError: '(' was never closed (line ")
 
 
 def test_sandbox_failure_is_retried_then_raised(ray_cluster):
