@@ -11,7 +11,7 @@ from coderloo.tasksets.task import Task
 from reward_service.extract import Extraction, extract
 from reward_service.lint import Diagnostic, ruff_check, syntax_error
 from reward_service.weights import RewardWeights
-from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, SandboxPool, Status
+from sandbox_pool import ExecutionResult, Limits, SandboxPool, Status
 
 
 FEEDBACK_CHARS = 1_000  # the most execution feedback one reward carries (a client may cut it shorter)
@@ -91,9 +91,7 @@ class RewardScorer:
             key = (task.id, program)
             if key not in unique:
                 unique[key] = len(requests)
-                requests.append(
-                    ExecutionRequest(program=program, tests=task.tests, test_setup=task.test_setup, limits=self.limits)
-                )
+                requests.append(task.execution_request(program, self.limits))
             index.append(unique[key])
         refs = self.pool.submit(requests)
         return [refs[i] for i in index]
@@ -111,9 +109,7 @@ class RewardScorer:
         if self.weights.performance == 0:
             return []
         todo = list({t.id: t for t in tasks if t.id not in self._reference_s}.values())
-        requests = [
-            ExecutionRequest(program=t.reference, tests=t.tests, test_setup=t.test_setup, limits=self.limits) for t in todo
-        ]
+        requests = [t.execution_request(t.reference, self.limits) for t in todo]
         return list(zip([t.id for t in todo], self.pool.submit(requests)))
 
     def performance(self, task: Task, result: ExecutionResult) -> float | None:

@@ -202,7 +202,8 @@ async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
 def request_frames(request: ExecutionRequest) -> bytes:
     """The two frames a supervisor reads: what the program may know, then the tests (see supervisor.py)."""
     head = {"language": request.language, "program": request.program, "limits": request.limits.model_dump()}
-    tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup}
+    tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup,
+            "entry_point": request.entry_point}
     return b"".join(frame(part) for part in (head, tail))
 
 

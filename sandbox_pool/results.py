@@ -58,6 +58,10 @@ class ExecutionRequest(BaseModel):
         "cpp: {stdin, stdout} cases for the compiled program"
     )
     test_setup: str = Field("", description="python: run after the program and before the tests, e.g. imports")
+    entry_point: str | None = Field(
+        None, description="python: the name under test, the one program name that may shadow a builtin in the "
+        "tests (MBPP 126 tests its own `sum`); any other builtin the tests use stays the tester's"
+    )
     language: Literal["python", "cpp"] = "python"
     limits: Limits = Field(default_factory=Limits)
 
@@ -68,8 +72,8 @@ class ExecutionRequest(BaseModel):
         if wrong:
             expected = "strings of Python code" if kind is str else "{stdin, stdout} objects"
             raise ValueError(f"tests{wrong[:5]} of a {self.language} request must be {expected}")
-        if self.language == "cpp" and self.test_setup:
-            raise ValueError("test_setup is for python requests only")
+        if self.language == "cpp" and (self.test_setup or self.entry_point):
+            raise ValueError("test_setup and entry_point are for python requests only")
         return self
 
 

@@ -18,9 +18,11 @@ truth. So `assert f(3) == 7` is decided in the tester with the tester's own `==`
 built itself; the expected 7 never leaves the tester, and an object whose __eq__ always says True
 cannot cross. The tester's verdict goes to the supervisor on a pipe only the tester holds.
 
-A name the program defines shadows the builtin of that name in the tests, as it would in the
-program's own module (MBPP 126 defines `sum` and tests it). Keeping the tester's builtin instead
-protected nothing: the check ran in the program's process, where the program can rebind anything.
+The tests keep the tester's builtins: a program that defines `set` or `sorted` does not change
+what `assert set(f(x)) == set(expected)` means (both sides would otherwise go through the
+program's function and agree on anything). The one exception is the name under test, the
+request's `entry_point`, which shadows a builtin as it would in the program's own module (MBPP 126
+defines `sum` and tests it).
 
 The test setup runs in the tester even where it builds the program's objects (MBPP 367:
 `root = Node(1)`, `root.left = Node(2)`, then `is_tree_balanced(root)`): it gets handles, sets
@@ -332,6 +334,8 @@ def run_tests(request: dict, channel: int) -> dict:
         return {"load": {"status": status, "detail": str(load.get("detail", ""))[:ERROR_CHARS]}, "tests": [], "lost": False}
     namespace = {"__name__": "__tests__", "__builtins__": builtins}
     for name, data in names.items():
+        if hasattr(builtins, name) and name != request.get("entry_point"):
+            continue  # the tests' builtin, not the program's (module docstring)
         try:
             if type(data) is dict and set(data) == {"module"}:
                 namespace[name] = __import__(str(data["module"]))

@@ -5,7 +5,7 @@ in a fresh child process (the supervisor) for every run.
 The request arrives as two frames (runner.py's framing), read one at a time:
 
     1. {"language", "program", "limits"}   what the program's process may know
-    2. {"tests", "test_setup"}             what it must never know
+    2. {"tests", "test_setup", "entry_point"}  what it must never know
 
 Python: the supervisor forks the tester (uid 65533), then the program's process (uid 65534),
 and only then reads the second frame and hands the tests to the tester. So the tests are not
@@ -139,7 +139,7 @@ class Run:
         self.close_output_ends()
         tail = runner.read_frame(self.in_fd)  # the tests: only now, with the program's process forked
         try:
-            runner.send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"]})
+            runner.send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"], "entry_point": tail["entry_point"]})
         except OSError:
             pass  # the tester is gone; its missing record says so
         os.close(tests_w)

@@ -168,9 +168,9 @@ def test_mbpp_three_shot_prompt(shared_data):
 # ---- every reference solution passes in the real sandbox ----
 
 def _failing_references(pool, tasks: list[Task], limits) -> dict[str, str]:
-    from sandbox_pool import ExecutionRequest, Status
+    from sandbox_pool import Status
 
-    requests = [ExecutionRequest(program=t.reference, tests=t.tests, test_setup=t.test_setup, limits=limits) for t in tasks]
+    requests = [t.execution_request(t.reference, limits) for t in tasks]
     results = pool.run(requests)
     return {
         t.id: f"{r.status.value}: {r.detail} {[o.error for o in r.tests if not o.passed][:2]}"
@@ -202,13 +202,12 @@ def test_every_reference_solution_passes_in_the_sandbox(name, sandbox, shared_da
 
 
 def test_a_wrong_solution_fails_its_evalplus_tests(sandbox, evalplus_sets):
-    from sandbox_pool import ExecutionRequest, Limits, Status
+    from sandbox_pool import Limits, Status
 
     task = next(t for t in evalplus_sets["mbpp+"] if t.id == "mbpp+/2")
     wrong = task.prompt + "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n"
     fake = task.prompt + "class Yes:\n    def __eq__(self, other):\n        return True\ndef similar_elements(a, b):\n    return Yes()\n"
-    results = sandbox.run([ExecutionRequest(program=p, tests=task.tests, test_setup=task.test_setup, limits=Limits())
-                           for p in (wrong, fake)])
+    results = sandbox.run([task.execution_request(p, Limits()) for p in (wrong, fake)])
     assert [r.status for r in results] == [Status.failed, Status.failed]
     assert 0 < results[0].fraction_passed < 1  # the inputs with one empty list still pass
     assert results[1].num_passed == 0

@@ -50,9 +50,9 @@ SMALL = dict(wall_timeout_s=3.0, cpu_time_s=3, memory_mb=256, file_size_mb=4, ou
 CASES: dict[str, tuple[str, list[str], Status, dict, str]] = {}
 
 
-def case(name, program, tests, expected, limits=None, setup=""):
+def case(name, program, tests, expected, limits=None, setup="", entry_point="add"):
     assert name not in CASES
-    CASES[name] = (program, tests, expected, limits or {}, setup)
+    CASES[name] = (program, tests, expected, limits or {}, setup, entry_point)
 
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -259,6 +259,8 @@ builtins.len = lambda x: 3
 builtins.isinstance = lambda *a: True
 builtins.__import__ = lambda *a, **k: None
 """ + WRONG_ADD, ADD_TESTS, Status.runtime_error)  # breaks the program's own process, never the tester
+case("shadow_the_builtins_the_tests_use", "def set(*args):\n    return 1\nsorted = set\n" + WRONG_ADD,
+     ["assert set([add(1, 2)]) == set([3])", "assert sorted([add(2, 2)]) == sorted([4])"], Status.failed)
 case("replace_test_helper", "def check(candidate):\n    return True\n" + WRONG_ADD, ["check(add)"], Status.failed,
      setup="def check(candidate):\n    assert candidate(1, 2) == 3\n")
 case("equal_to_everything", """class Yes:
@@ -405,13 +407,14 @@ def wait_for(condition, timeout_s: float = 30.0):
 
 def requests(fill: dict) -> dict[str, ExecutionRequest]:
     out = {}
-    for name, (program, tests, _, limits, setup) in CASES.items():
+    for name, (program, tests, _, limits, setup, entry_point) in CASES.items():
         for key, value in fill.items():
             program = program.replace(key, value)
             tests = [t.replace(key, value) if isinstance(t, str) else t for t in tests]
             setup = setup.replace(key, value)
         language = "cpp" if program.startswith("#include") else "python"
         out[name] = ExecutionRequest(program=program, tests=tests, test_setup=setup, language=language,
+                                     entry_point=entry_point if language == "python" else None,
                                      limits=Limits(**{**SMALL, **limits}))
     return out
 

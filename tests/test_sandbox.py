@@ -29,8 +29,9 @@ from sandbox_pool.process_backend import FORK_SERVER
 SANDBOX_UID = 65534
 
 
-def run(program: str, tests: list[str], test_setup: str = "", **limits) -> ExecutionResult:
-    request = ExecutionRequest(program=textwrap.dedent(program), tests=tests, test_setup=test_setup, limits=Limits(**limits))
+def run(program: str, tests: list[str], test_setup: str = "", entry_point: str | None = None, **limits) -> ExecutionResult:
+    request = ExecutionRequest(program=textwrap.dedent(program), tests=tests, test_setup=test_setup, entry_point=entry_point,
+                               limits=Limits(**limits))
     return asyncio.run(execute(request))
 
 
@@ -88,9 +89,10 @@ def test_failed_has_per_test_outcomes():
 
 
 def test_tests_see_the_program_as_its_own_module_would():
-    """MBPP 126 defines `sum`, and MBPP 367's setup builds a tree of the program's Node objects."""
-    result = run(
-        """
+    """MBPP 126 defines `sum` and tests it (its entry point), and MBPP 367's setup builds a tree of
+    the program's Node objects. A builtin the program redefines but is not under test (`max`,
+    `sorted`) stays the tester's."""
+    program = """
         class Node:
             def __init__(self, data):
                 self.data = data
@@ -99,11 +101,17 @@ def test_tests_see_the_program_as_its_own_module_would():
             return 0 if node is None else node.data + total(node.left)
         def sum(a, b):
             return a * b
-        """,
-        ["assert sum(3, 4) == 12", "assert total(root) == 3", "assert root.left.data == 2", "assert max(1, 2) == 2"],
-        test_setup="root = Node(1)\nroot.left = Node(2)\n",
-    )
+        def max(*args):
+            return 0
+        sorted = lambda values: [1]
+        """
+    tests = ["assert sum(3, 4) == 12", "assert total(root) == 3", "assert root.left.data == 2", "assert max(1, 2) == 2",
+             "assert sorted([2, 1]) == [1, 2]"]
+    result = run(program, tests, test_setup="root = Node(1)\nroot.left = Node(2)\n", entry_point="sum")
     assert result.status is Status.passed, (result.detail, result.tests)
+    # without an entry point no program name shadows a builtin: the tests' `sum` is Python's
+    result = run(program, tests, test_setup="root = Node(1)\nroot.left = Node(2)\n")
+    assert [t.passed for t in result.tests] == [False, True, True, True, True]
 
 
 def test_syntax_error():

@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sandbox_pool.results import ExecutionRequest, Limits
+
 
 class Task(BaseModel):
     """A Python programming task with executable unit tests."""
@@ -33,6 +35,11 @@ class Task(BaseModel):
     def program(self, code: str) -> str:
         """The program that is executed for a completion's extracted code."""
         return self.prompt + code if self.prompt_is_code else code
+
+    def execution_request(self, program: str, limits: Limits) -> ExecutionRequest:
+        """The sandbox request that runs `program` against this task's tests."""
+        return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
+                                entry_point=self.entry_point, limits=limits)
 
 
 Record = dict[str, Any]
