@@ -187,6 +187,8 @@ def train(config: Config, resume: bool = False) -> dict:
         else:
             # --- resume: weights, optimizer, data cursor, curriculum and generator from the checkpoint ---
             learner.load_state(str(checkpoint))
+            if critic is not None:
+                critic.load(checkpoint)
             rollouts_group.version = state["version"] - 1
             rollouts_group.push()
             rng.setstate(_to_tuple(state["rng_state"]))
@@ -217,7 +219,12 @@ def train(config: Config, resume: bool = False) -> dict:
                 "rng_state": rng.getstate(), "evals": {"base": base, "after_sft": after_sft},
                 "curriculum": curriculum.state(), "in_flight": [[t.id for t in j.result.tasks] for j in jobs],
             }
-            write_checkpoint(ckpt_root, name, lambda d: learner.save(str(d), with_state=True), controller_state)
+            def write_model(directory: Path) -> None:
+                learner.save(str(directory), with_state=True)
+                if critic is not None:
+                    critic.save(directory)
+
+            write_checkpoint(ckpt_root, name, write_model, controller_state)
 
         replay = GroupReplay(config.train.replay_groups, config.train.replay_capacity) if config.train.replay_groups else None
 

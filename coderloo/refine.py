@@ -76,7 +76,8 @@ def refine(
     as one batch of single samples with the first round's sampling settings."""
     later: list[list[Round]] = [[] for _ in tasks]
     last = list(zip(completions, rewards, strict=True))
-    params = replace(params, n=1)
+    # the feedback block comes first: if the prompt is too long for the engine, it is what is cut
+    params = replace(params, n=1, truncate_prompt_left=True)
     for round_index in range(1, config.rounds):
         todo = [i for i, (_, reward) in enumerate(last) if not reward.passed]
         if not todo:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from learner.batch import TrainSequence, pack
 from sandbox_pool import Status
 
+STATE_FILE = "critic.pt"  # in a training checkpoint's directory
 OUTCOMES = ("syntax_error", "runtime_error", "failed", "passed")
 PASSED = OUTCOMES.index("passed")
 
@@ -115,6 +117,21 @@ class Critic:
             losses.append(loss.item())
         return {"critic_loss": sum(losses) / len(losses)}
 
+    def save(self, path: str) -> None:
+        """Weights, optimizer and sampling state into `path`/critic.pt (a training checkpoint)."""
+        torch.save({"backbone": self.backbone.state_dict(), "head": self.head.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "rng": self.rng.getstate(),
+                    "torch_rng": torch.get_rng_state()}, Path(path) / STATE_FILE)
+
+    def load(self, path: str) -> None:
+        """Continue from what `save(path)` wrote."""
+        state = torch.load(Path(path) / STATE_FILE, weights_only=True)
+        self.backbone.load_state_dict(state["backbone"])
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+
     @torch.no_grad()
     def predict(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Each pair's probability of each class in OUTCOMES."""
@@ -155,8 +172,7 @@ class CriticStep:
 
 class OnlineCritic:
     """The controller's side of the critic: which tasks it never trains on, what it is sent each
-    step, and predictions for evaluation. Not checkpointed: a resumed run's critic starts again
-    from the initial checkpoint."""
+    step, and predictions for evaluation. Its state is part of each training checkpoint."""
 
     def __init__(self, model_path: str, config, seed: int = 0, name: str | None = None):
         self.config = config
@@ -178,6 +194,15 @@ class OnlineCritic:
     def p_passed(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> np.ndarray:
         """P(passed) of each pair, for critic-guided selection."""
         return np.array(ray.get(self.actor.predict.remote(prompt_ids, completion_ids)))[:, PASSED]
+
+    def save(self, checkpoint: str | Path) -> None:
+        ray.get(self.actor.save.remote(str(checkpoint)))
+
+    def load(self, checkpoint: str | Path) -> None:
+        if not (Path(checkpoint) / STATE_FILE).exists():
+            raise FileNotFoundError(f"{checkpoint} has no {STATE_FILE}: it was written with critic.enabled false; "
+                                    "resume with critic.enabled=false, or start a new run")
+        ray.get(self.actor.load.remote(str(checkpoint)))
 
     def kill(self) -> None:
         ray.kill(self.actor)

@@ -7,6 +7,8 @@ characters. Tokens outside the code (prose, fences) get zero. Apart from a synta
 """
 from __future__ import annotations
 
+from tokenizers.decoders import DecodeStream
+
 from coderloo.tasksets.task import Task
 from reward_service.lint import Diagnostic
 from reward_service.scorer import Reward
@@ -16,10 +18,29 @@ from reward_service.weights import RewardWeights
 def token_end_offsets(token_ids: list[int], tokenizer) -> list[int]:
     """The end of each token in the decoded completion, in characters.
 
-    Prefix decoding rather than re-tokenizing with offsets: the sampler's ids need not be the ids
-    the tokenizer would give the text. A token that ends inside a multi-byte character decodes to
-    a replacement character; the running maximum keeps the ends in order.
+    From the decoded text of the sampler's ids, not from re-tokenizing the text with offsets: the
+    sampler's ids need not be the ids the tokenizer would give the text. A fast tokenizer decodes
+    them as a stream, in one pass; a token that ends inside a multi-byte character adds nothing,
+    and the token that completes it adds the character. Where the stream's text is not the whole
+    decode (a decoder that cleans up across tokens), and for slow tokenizers, every prefix is
+    decoded instead (`prefix_end_offsets`: exact, but quadratic in the length): a token that ends
+    inside a multi-byte character then decodes to a replacement character, and the running
+    maximum keeps the ends in order.
     """
+    whole = len(tokenizer.decode(token_ids, skip_special_tokens=True))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        stream, ends, length = DecodeStream(skip_special_tokens=True), [], 0
+        for token in token_ids:
+            length += len(stream.step(backend, token) or "")
+            ends.append(length)
+        if length == whole:
+            return ends
+    return prefix_end_offsets(token_ids, tokenizer)
+
+
+def prefix_end_offsets(token_ids: list[int], tokenizer) -> list[int]:
+    """`token_end_offsets` by decoding every prefix: any tokenizer, quadratic in the length."""
     ends, last = [], 0
     for i in range(1, len(token_ids) + 1):
         last = max(last, len(tokenizer.decode(token_ids[:i], skip_special_tokens=True)))

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rollout_workers.types import GenerationParams, PromptRollout, Sample
+from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
 from rollout_workers.weight_sync import (
     BucketPlan,
     Receiver,
@@ -28,6 +28,8 @@ class TransformersBackend:
         eos = self.tokenizer.eos_token_id
         for index, prompt in enumerate(prompts):
             prompt_ids = self.tokenizer(prompt)["input_ids"]
+            if params.truncate_prompt_left:
+                prompt_ids = prompt_ids[-prompt_room(self.model.config.max_position_embeddings, params):]
             greedy = params.temperature == 0
             out = self.model.generate(
                 torch.tensor([prompt_ids]),

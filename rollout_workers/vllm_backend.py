@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rollout_workers.types import GenerationParams, PromptRollout, Sample
+from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
 from rollout_workers.weight_sync import BucketPlan, Receiver, open_group
 
 
@@ -43,9 +43,16 @@ class VLLMBackend:
             stop=params.stop or None,
             logprobs=0,  # the sampled token's logprob only
         )
+        inputs: list = list(prompts)
+        if params.truncate_prompt_left:
+            room = prompt_room(self.llm.llm_engine.model_config.max_model_len, params)
+            for i, prompt in enumerate(prompts):
+                ids = self.tokenizer(prompt)["input_ids"]
+                if len(ids) > room:
+                    inputs[i] = {"prompt_token_ids": ids[-room:]}
         # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
         first = self.llm.request_counter.counter
-        self.llm.enqueue(prompts, sampling, use_tqdm=False)
+        self.llm.enqueue(inputs, sampling, use_tqdm=False)
         engine = self.llm.llm_engine
         while engine.has_unfinished_requests():
             for out in engine.step():

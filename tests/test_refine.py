@@ -75,7 +75,8 @@ def test_refine_rewrites_only_failed_trajectories_until_they_pass():
     later = refine(model, service, [TASK] * 3, ["    return 0\n"] * 3, first, RefineConfig(enabled=True, rounds=3), params, 11)
     # round 2: trajectories 0 and 2, one sample each with round 1's settings; round 3: trajectory 2 only
     assert [len(prompts) for prompts, _, _ in model.calls] == [2, 1]
-    assert model.calls[0][1] == GenerationParams(n=1, max_new_tokens=16, temperature=0.7)
+    # one sample each, and a feedback prompt too long for the engine loses its start, not the task
+    assert model.calls[0][1] == GenerationParams(n=1, max_new_tokens=16, temperature=0.7, truncate_prompt_left=True)
     assert model.calls[0][2] != model.calls[1][2]  # each round samples with its own seed
     assert "#     return 1\n" in model.calls[1][0][0]  # round 3 is told about round 2's attempt
     assert [len(t) for t in later] == [1, 0, 2]

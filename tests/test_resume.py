@@ -53,6 +53,8 @@ def config_for(tiny_model, out, steps):
             "rollout.samples_per_prompt=4",
             "rollout.max_new_tokens=16",
             "learner.kl_coef=0.05",
+            "critic.enabled=true",  # its weights, optimizer and sampling state resume too
+            "critic.select_n=2",
             "learner.filter_uninformative=false",
             "train.max_staleness=0",  # exact: no step's samples are in flight at a checkpoint
             "tasks.max_eval_tasks=2",
@@ -75,6 +77,7 @@ def test_resume_continues_exactly(ray_cluster, tiny_model, tmp_path):
         assert ra["reward_mean"] == rb["reward_mean"], ra["step"]  # the same samples
         assert abs(ra["loss"] - rb["loss"]) < 1e-5, (ra["step"], ra["loss"], rb["loss"])
         assert ra["version"] == rb["version"]
+        assert abs(ra["critic_loss"] - rb["critic_loss"]) < 1e-5, (ra["step"], ra["critic_loss"], rb["critic_loss"])
     assert resumed["policy_version"] == straight["policy_version"] == 5
     wa = load_file(tmp_path / "straight" / "checkpoints" / "final" / "model.safetensors")
     wb = load_file(tmp_path / "resumed" / "checkpoints" / "final" / "model.safetensors")

@@ -4,7 +4,7 @@ import pytest
 from coderloo.models import load_tokenizer
 from coderloo.tasksets.synthetic import synthetic_suite
 from coderloo.tasksets.task import Task
-from reward_service.attribution import token_end_offsets, token_rewards
+from reward_service.attribution import prefix_end_offsets, token_end_offsets, token_rewards
 from reward_service.lint import ruff_check
 from reward_service.scorer import RewardScorer, analyse
 from reward_service.weights import RewardWeights
@@ -35,6 +35,15 @@ def dense(tokenizer, task: Task, completion: str, weights: RewardWeights, passed
 def test_token_end_offsets(tokenizer):
     ids = tokenizer("x = 1\n", add_special_tokens=False)["input_ids"]
     assert token_end_offsets(ids, tokenizer)[-1] == len("x = 1\n")
+    # the one-pass stream agrees with decoding every prefix, special tokens (EOS) skipped
+    for text in ("    return x + 1\n", "Here:\n```python\nx = eval(s)\n```\n", CODE_TASK.reference * 3):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        assert token_end_offsets(ids, tokenizer) == prefix_end_offsets(ids, tokenizer), text
+    # a character split over tokens (byte-level BPE) belongs to the token that completes it
+    ids = tokenizer("é = 1", add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids[:1]) == "\ufffd" and tokenizer.decode(ids[:2]) == "é"  # its two bytes
+    assert token_end_offsets(ids, tokenizer) == [0, 1, 3, 4, 5]
+    assert prefix_end_offsets(ids, tokenizer) == [1, 1, 3, 4, 5]  # the replacement character counts
 
 
 def test_lint_penalty_on_the_tokens_of_a_continuation(tokenizer):

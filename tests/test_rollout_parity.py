@@ -85,6 +85,31 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
             ray.kill(actor)
 
 
+def test_a_prompt_too_long_for_the_engine_keeps_its_end_when_asked(ray_cluster, tiny_model):
+    """Refinement's feedback prompts can outgrow the context (512 positions here): with
+    truncate_prompt_left both engines keep the prompt's last 512 - max_new_tokens tokens and agree;
+    without it vLLM refuses the prompt."""
+    from transformers import AutoTokenizer
+
+    prompt = "# " + "the previous attempt said something long " * 80 + "\n" + PROMPTS[0]
+    ids = AutoTokenizer.from_pretrained(str(tiny_model))(prompt)["input_ids"]
+    assert len(ids) > 512
+    params = GenerationParams(n=1, max_new_tokens=16, temperature=0.0, truncate_prompt_left=True)
+    workers = [RolloutWorker.remote(str(tiny_model), backend, threads=1) for backend in ("vllm", "transformers")]
+    try:
+        outs = [ray.get(w.generate.remote([prompt, PROMPTS[1]], params)) for w in workers]
+        with pytest.raises(Exception, match="maximum context length is 512 tokens"):
+            ray.get(workers[0].generate.remote([prompt], GenerationParams(n=1, max_new_tokens=16, temperature=0.0)))
+    finally:
+        for w in workers:
+            ray.kill(w)
+    for rollouts in outs:
+        assert rollouts[0].prompt_ids == ids[-(512 - 16):]
+        assert len(rollouts[0].samples[0].token_ids) >= 1
+    assert outs[0][1].prompt_ids == outs[1][1].prompt_ids  # a prompt that fits is left whole
+    assert [r.samples[0].token_ids for r in outs[0]] == [r.samples[0].token_ids for r in outs[1]]
+
+
 def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
     from learner.batch import TrainSequence, pack
     from learner.losses import token_logprobs
