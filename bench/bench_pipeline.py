@@ -13,10 +13,9 @@ async / sync of each pair of runs.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 
-from bench.plots import comparison
+from bench.plots import alternating, comparison, medians
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
@@ -44,11 +43,9 @@ def run(staleness: int, out: str) -> dict:
 
 def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-pipeline-")
-    runs = {"sync": [], "async": []}
-    for i in range(REPEATS):  # alternating, so that a slow spell of the shared machine hits both
-        for mode, staleness in (("sync", 0), ("async", 1)):
-            runs[mode].append(run(staleness, f"{root}/{mode}-{i}"))
-    median = {mode: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for mode, rs in runs.items()}
+    runs = alternating(REPEATS, {mode: lambda i, mode=mode, s=staleness: run(s, f"{root}/{mode}-{i}")
+                                 for mode, staleness in (("sync", 0), ("async", 1))})
+    median = medians(runs)
     ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs["sync"], runs["async"])]
     print(f"pipeline, default config, {STEPS} RL steps each (no mid-run evals), medians of {REPEATS} runs each")
     for mode, r in median.items():

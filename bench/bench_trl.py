@@ -21,12 +21,11 @@ learning; not start-up):
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.plots import comparison
+from bench.plots import alternating, comparison, medians
 
 STEPS = int(os.environ.get("BENCH_TRL_STEPS", "8"))
 REPEATS = int(os.environ.get("BENCH_TRL_REPEATS", "3"))
@@ -138,12 +137,9 @@ def main() -> list[dict]:
     apply_env_defaults()
     root = Path(tempfile.mkdtemp(prefix="bench-trl-"))
     model = warm_start(root)
-    runs = {"coderloo": [], "trl": []}
-    for i in range(REPEATS):  # alternating, so that a slow spell of the shared machine hits both
-        runs["coderloo"].append(run_coderloo(model, root / f"coderloo-{i}"))
-        runs["trl"].append(run_trl(model, root / f"trl-{i}"))
-    median = {name: {key: statistics.median(r[key] for r in rs) for key in ("samples_per_s", "samples_per_s_after_first", "mean_reward")}
-              for name, rs in runs.items()}
+    runs = alternating(REPEATS, {"coderloo": lambda i: run_coderloo(model, root / f"coderloo-{i}"),
+                                 "trl": lambda i: run_trl(model, root / f"trl-{i}")})
+    median = medians(runs)
     ratios = [c["samples_per_s"] / t["samples_per_s"] for c, t in zip(runs["coderloo"], runs["trl"])]
     print(f"RL training, tiny model after SFT, {STEPS} steps of {PROMPTS_PER_STEP} prompts x {K} samples, "
           f"{MAX_NEW_TOKENS} new tokens, rewards from the same sandboxed reward service; medians of {REPEATS} runs each")

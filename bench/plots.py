@@ -1,4 +1,5 @@
-"""The benchmarks' numbers in one machine-readable form, and a bar chart of each comparison.
+"""The benchmarks' numbers in one machine-readable form, a bar chart of each comparison, and the
+repeated runs behind a median.
 
 Every benchmark's `main()` returns a list of `comparison(...)` dicts; bench/run.py writes them to
 results.json and draws each one with `plot` from that same data, so the report, the JSON and the
@@ -6,6 +7,8 @@ charts cannot disagree.
 """
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -15,6 +18,21 @@ def comparison(title: str, unit: str, ours: str, values: dict[str, float], lower
         raise ValueError(f"{ours!r} is not among the values {sorted(values)}")
     return {"title": title, "unit": unit, "ours": ours, "values": {k: float(v) for k, v in values.items()},
             "lower_is_better": lower_is_better}
+
+
+def alternating(repeats: int, runs: dict[str, Callable[[int], dict]]) -> dict[str, list[dict]]:
+    """Each named run `repeats` times, taking turns (a slow spell of the shared machine hits all of
+    them); `runs[name](i)` returns run i's numbers."""
+    out: dict[str, list[dict]] = {name: [] for name in runs}
+    for i in range(repeats):
+        for name, run in runs.items():
+            out[name].append(run(i))
+    return out
+
+
+def medians(results: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per name, the median of each number over its runs."""
+    return {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
 
 
 def ratios(c: dict) -> dict[str, float]:

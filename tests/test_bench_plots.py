@@ -43,3 +43,19 @@ def test_run_writes_the_report_the_json_and_a_chart_per_comparison(tmp_path, mon
     assert "fake: ours 3/s, theirs 1/s" in report
     assert "![first](plots/fake-0.png)" in report and "![second](plots/fake-1.png)" in report
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["fake-0.png", "fake-1.png"]
+
+
+def test_repeated_runs_take_turns_and_give_medians():
+    from bench.plots import alternating, medians
+
+    calls = []
+
+    def run(name):
+        def one(i):
+            calls.append((name, i))
+            return {"rate": {"a": [3.0, 1.0, 2.0], "b": [5.0, 9.0, 7.0]}[name][i], "runs": i}
+        return one
+
+    runs = alternating(3, {"a": run("a"), "b": run("b")})
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert medians(runs) == {"a": {"rate": 2.0, "runs": 1}, "b": {"rate": 7.0, "runs": 1}}
