@@ -28,7 +28,7 @@ def cmd_eval(args) -> int:
     import ray
 
     from coderloo.controller import resolve
-    from coderloo.evaluation import evaluate, evaluate_refinement
+    from coderloo.evaluation import evaluate
     from coderloo.runtime import init_ray
     from coderloo.tasksets.evalsets import eval_set, load_eval_set
     from coderloo.tasksets.loading import load_tasks
@@ -61,13 +61,8 @@ def cmd_eval(args) -> int:
                 RolloutGroup(workers), rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
                 temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
                 stop=stop, greedy=config.eval.greedy, seed=config.train.seed, sampled=config.eval.sampled,
+                refinement=config.refine if config.refine.enabled else None,
             )
-            if config.refine.enabled:
-                metrics |= evaluate_refinement(
-                    RolloutGroup(workers), rewards_service, tasks, config.refine, n=config.eval.samples_per_task,
-                    temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                    stop=stop, seed=config.train.seed, sampled=config.eval.sampled,
-                )
             results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
     finally:
         for worker in workers:

@@ -14,7 +14,6 @@ import yaml
 from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
 
 
-
 class ClusterFileError(ValueError):
     """A cluster file Ray would refuse, or one a config's actors do not fit."""
 

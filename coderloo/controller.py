@@ -20,7 +20,7 @@ from tqdm import tqdm
 from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
 from coderloo.config import Config, dump_config
 from coderloo.curriculum import Curriculum
-from coderloo.evaluation import evaluate, evaluate_refinement
+from coderloo.evaluation import evaluate
 from coderloo.pipeline import RolloutJob
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model, load_tokenizer
@@ -158,13 +158,8 @@ def train(config: Config, resume: bool = False) -> dict:
                 rollouts_group, rewards_service, eval_tasks, n=config.eval.samples_per_task, ks=config.eval.k,
                 temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
                 greedy=config.eval.greedy, seed=generation_seed(config, step, 1), critic=critic,
+                refinement=config.refine if config.refine.enabled else None,
             )
-            if config.refine.enabled:
-                result |= evaluate_refinement(
-                    rollouts_group, rewards_service, eval_tasks, config.refine, n=config.eval.samples_per_task,
-                    temperature=config.eval.temperature, max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
-                    seed=generation_seed(config, step, 1), sampled=config.eval.sampled,  # round 1: pass@1's samples
-                )
             metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
             monitor.eval_done(result)
             tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
@@ -248,7 +243,7 @@ def train(config: Config, resume: bool = False) -> dict:
             t_ready = time.time()
             tasks, rollouts = batch.tasks, batch.rollouts
             flat = [(task, s) for task, r in zip(tasks, rollouts) for s in r.samples]
-            rewards = [reward for group in batch.rewards for reward in group]
+            rewards = batch.first_rewards()
             step_temperature = temperature(step)
 
             # 2. advantages within each prompt's group of k (the reward net of KL, if configured)

@@ -55,18 +55,26 @@ def evaluate(
     seed: int | None = None,
     sampled: bool = True,
     critic: OnlineCritic | None = None,
+    refinement: RefineConfig | None = None,
 ) -> dict[str, float]:
     """pass@k over `tasks` from n samples each (unless not `sampled`); with `greedy`, also greedy
     pass@1; with a `critic`, pass@1 of its pick among each task's first `select_n` samples
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
-    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote)."""
+    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote).
+
+    With `refinement`, pass@1 after each round (pass@1_round1..R): the samples above (the greedy
+    one when not `sampled`) are the first attempts, each rewritten from its execution feedback
+    until it passes or has made `refinement.rounds` attempts; a trajectory counts at round r if one
+    of its first r attempts passed, so the rates never fall, and round 1 is pass@1 itself."""
     prompts = [t.prompt for t in tasks]
     metrics: dict[str, float] = {}
+    first_attempts = None  # (params, tasks, completions, rewards) that refinement starts from
     if sampled:
         params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
         rollouts = rollouts_group.generate(prompts, params, seed)
         pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
         rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
+        first_attempts = (params, [p[0] for p in pairs], [p[1] for p in pairs], rewards)
         passed = np.array([r.passed for r in rewards]).reshape(len(tasks), n)
         metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in ks})
         if critic is not None:
@@ -82,34 +90,13 @@ def evaluate(
     if greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
         rollouts = rollouts_group.generate(prompts, params)
-        rewards = rewards_service.score(tasks, [r.samples[0].text for r in rollouts])
+        completions = [r.samples[0].text for r in rollouts]
+        rewards = rewards_service.score(tasks, completions)
+        first_attempts = first_attempts or (params, tasks, completions, rewards)
         metrics["greedy_pass@1"] = float(np.mean([r.passed for r in rewards]))
+    if refinement is not None and first_attempts is not None:
+        params, flat_tasks, completions, rewards = first_attempts
+        later = refine(rollouts_group.generate, rewards_service, flat_tasks, completions, rewards, refinement, params, seed)
+        rates = pass_rates_by_round(rewards, later, refinement.rounds)
+        metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
     return metrics
-
-
-def evaluate_refinement(
-    rollouts_group: RolloutGroup,
-    rewards_service: RewardClient,
-    tasks: list[Task],
-    config: RefineConfig,
-    n: int,
-    temperature: float,
-    max_new_tokens: int,
-    stop: list[str],
-    seed: int | None = None,
-    sampled: bool = True,
-) -> dict[str, float]:
-    """pass@1 after each round of refinement (pass@1_round1..R): n trajectories per task sampled at
-    `temperature` (not `sampled`: one greedy trajectory), each rewritten from its execution feedback
-    until it passes or has made `config.rounds` attempts; a trajectory counts at round r if one of
-    its first r attempts passed, so the rates never fall from one round to the next."""
-    if not sampled:
-        n, temperature = 1, 0.0
-    params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
-    rollouts = rollouts_group.generate([t.prompt for t in tasks], params, seed)
-    flat_tasks = [task for task in tasks for _ in range(n)]
-    completions = [s.text for r in rollouts for s in r.samples]
-    first = rewards_service.score(flat_tasks, completions)
-    later = refine(rollouts_group.generate, rewards_service, flat_tasks, completions, first, config, params, seed)
-    rates = pass_rates_by_round(first, later, config.rounds)
-    return {f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)}

@@ -52,16 +52,20 @@ class StepRollouts:
                 out.append(reward.token_rewards)
         return out
 
+    def first_rewards(self) -> list[ItemReward]:
+        """Each sample's reward, task-major (with refinement: each trajectory's first attempt's)."""
+        return [reward for group in self.rewards for reward in group]
+
     def final_rewards(self) -> list[ItemReward]:
         """Each trajectory's outcome, task-major: its last attempt's reward (without refinement, the sample's)."""
-        first = [reward for group in self.rewards for reward in group]
+        first = self.first_rewards()
         if not self.later:
             return first
         return [attempts[-1].reward if attempts else f for f, attempts in zip(first, self.later, strict=True)]
 
     def pass_rates_by_round(self, rounds: int) -> list[float]:
         """Share of the step's trajectories passed within 1..`rounds` attempts."""
-        return pass_rates_by_round([reward for group in self.rewards for reward in group], self.later, rounds)
+        return pass_rates_by_round(self.first_rewards(), self.later, rounds)
 
 
 class RolloutJob:
@@ -87,11 +91,9 @@ class RolloutJob:
             todo = list(range(len(self.result.tasks)))
             while todo:
                 prompts = [self.result.tasks[i].prompt for i in todo]
-                # A redo draws other samples than the lost ones, reproducibly (the seed moves on).
-                seed = self.seed + 7919 * self.result.retries
                 consumers = [
                     threading.Thread(target=self._consume, args=(todo[offset:], generator), daemon=True)
-                    for offset, generator in self.group.stream(prompts, self.params, seed)
+                    for offset, generator in self.group.stream(prompts, self.params, self._redo_seed(self.seed))
                 ]
                 for c in consumers:
                     c.start()
@@ -111,8 +113,7 @@ class RolloutJob:
                 r = self.result
                 tasks = [task for task, rollout in zip(r.tasks, r.rollouts) for _ in rollout.samples]
                 completions = [s.text for rollout in r.rollouts for s in rollout.samples]
-                first = [reward for group in r.rewards for reward in group]
-                r.later = refine(self._generate, self.rewards, tasks, completions, first, self.refine, self.params, self.seed)
+                r.later = refine(self._generate, self.rewards, tasks, completions, r.first_rewards(), self.refine, self.params, self.seed)
                 r.refined = time.time()
         except BaseException as e:  # surfaced to the controller by wait()
             self.error = e
@@ -122,12 +123,16 @@ class RolloutJob:
         round generated again (other samples: the seed moves on, as for a redo of the first round)."""
         while True:
             try:
-                return self.group.generate(prompts, params, None if seed is None else seed + 7919 * self.result.retries)
+                return self.group.generate(prompts, params, None if seed is None else self._redo_seed(seed))
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
                 if isinstance(e, ray.exceptions.RayTaskError) and not isinstance(e.cause, StaleWeightsError):
                     raise
                 self.result.retries += 1
                 self.group.recover()
+
+    def _redo_seed(self, seed: int) -> int:
+        """A redo after a worker died draws other samples than the lost ones, reproducibly."""
+        return seed + 7919 * self.result.retries
 
     def _consume(self, indices: list[int], generator) -> None:
         """Take one worker's groups as they finish and send each to the reward service."""

@@ -24,7 +24,7 @@ class RewardClient:
         if self.started_serve:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()})
         self.max_batch = config.max_batch
-        # Per-token rewards cost the service a decode per token prefix: only with a tokenizer.
+        # Per-token rewards need the service to decode token ids: only with a tokenizer.
         self.per_token = config.tokenizer_path is not None
         self.retries = 0  # requests sent again after a replica died
         self.handle = serve.run(build_app(config), name=APP_NAME, route_prefix=f"/{APP_NAME}")
