@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.plots import comparison
 from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Status
+from sandbox_pool.protocol import SANDBOX_GID, SANDBOX_UID
 
 CONCURRENCY = 8
 ROUNDS = 3
@@ -72,12 +73,14 @@ def run_threads(check, requests: list[ExecutionRequest]) -> tuple[float, list[bo
 
 def docker_run(image: str, request: ExecutionRequest) -> bool:
     """One fresh container per program, with the warm backend's limits (but no tester process)."""
+    from sandbox_pool.docker_backend import MEMORY_MB, PIDS, TMPFS_MB
+
     source = request.program + "\n" + "\n".join(request.tests) + "\n"
     command = [
-        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--tmpfs", "/tmp:size=64m",
-        "--memory", "1024m", "--memory-swap", "1024m", "--pids-limit", "128", "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges", "--user", "65534:65534", "--entrypoint", "/usr/bin/python3",
-        image, "-I", "-S", "-",
+        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--tmpfs", f"/tmp:size={TMPFS_MB}m",
+        "--memory", f"{MEMORY_MB}m", "--memory-swap", f"{MEMORY_MB}m", "--pids-limit", str(PIDS), "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "--user", f"{SANDBOX_UID}:{SANDBOX_GID}",
+        "--entrypoint", "/usr/bin/python3", image, "-I", "-S", "-",
     ]
     done = subprocess.run(command, input=source.encode(), capture_output=True, timeout=60)
     return done.returncode == 0

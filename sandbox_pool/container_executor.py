@@ -2,7 +2,7 @@
 Standard library only.
 
 The host keeps the container's stdin and stdout attached for the container's whole life: each
-run is two request frames in and one report frame out (runner.py's framing; supervisor.py says
+run is two request frames in and one report frame out (protocol.py's framing; supervisor.py says
 what is in them). Nothing is started per run but a fork: this loop forks a supervisor, which
 reads the next request itself, so the loop's own memory never holds a request (and the
 processes forked from it never inherit one). One run at a time: after each, the supervisor kills
@@ -13,8 +13,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import runner  # noqa: E402
 import supervisor  # noqa: E402
+from protocol import send_frame  # noqa: E402
 
 del sys.path[0]
 
@@ -31,12 +31,12 @@ END_OF_INPUT = 3
 
 
 def main() -> None:
-    runner.send_frame(1, {"ready": True, "uid": os.geteuid()})
+    send_frame(1, {"ready": True, "uid": os.geteuid()})
     while True:
         pid = os.fork()
         if pid == 0:
             try:
-                supervisor.supervise(0, lambda report: runner.send_frame(1, report), ISOLATION)
+                supervisor.supervise(0, lambda report: send_frame(1, report), ISOLATION)
             except EOFError:
                 os._exit(END_OF_INPUT)
             finally:

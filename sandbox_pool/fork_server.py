@@ -3,11 +3,10 @@ only. process_backend starts it, as root, as
 
     python -I -S fork_server.py CONTROL_FD WORK_ROOT
 
-At start it unshares a network namespace (without root: inside a new user namespace), once:
-every sandbox inherits it, so none has a network (its loopback is down) at no cost per run. It
-finds out which other isolation the machine allows (PID and mount namespaces, cgroups for pids
-and memory: supervisor.probe_isolation) and prints that as one JSON line on stdout. Then it
-waits on CONTROL_FD, a SOCK_SEQPACKET unix socket. Each message carries one connected socket
+At start it sets up its isolation once (isolation.py): a network namespace that every sandbox
+inherits, so none has a network at no cost per run, and what else the machine allows (PID and
+mount namespaces, cgroups for pids and memory), which it prints as one JSON line on stdout. Then
+it waits on CONTROL_FD, a SOCK_SEQPACKET unix socket. Each message carries one connected socket
 (SCM_RIGHTS) for one run; the server forks a supervisor for it (supervisor.py) and goes straight
 back to waiting, so any number of runs are in flight at once. The server itself never reads a
 request, so no test is in the memory its forks inherit. When the executor closes its end, the
@@ -19,7 +18,6 @@ server removes its cgroups and exits.
 The supervisor reads the request from its socket (two frames), answers with one report frame,
 and should the executor hang up first, kills the run and answers nothing.
 """
-import ctypes
 import gc
 import json
 import os
@@ -31,45 +29,27 @@ import sys
 # -I leaves this folder out of sys.path; put it back for these imports only, so that programs
 # cannot import the sandbox's modules by accident.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import runner  # noqa: E402
+import isolation  # noqa: E402
 import supervisor  # noqa: E402
+from protocol import send_frame  # noqa: E402
 
 del sys.path[0]
 
 SOCKET_TIMEOUT_S = 30  # for the executor to send the request
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-
-libc = ctypes.CDLL(None, use_errno=True)
-
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     work_root = sys.argv[2]
-    iso, summary = supervisor.probe_isolation(work_root)  # before a user namespace would map us to "nobody"
-    unshare_network()
+    iso, summary = isolation.probe(work_root)  # before a user namespace would map us to "nobody"
+    isolation.unshare_network()
     print(json.dumps(summary), flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the supervisors
     gc.freeze()  # forks then share the modules' objects instead of copying the pages the collector visits
     try:
         serve(control, iso)
     finally:
-        supervisor.remove_cgroup_roots(iso.cgroup_roots)
-
-
-def unshare_network() -> None:
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return
-    first = ctypes.get_errno()
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        return
-    second = ctypes.get_errno()
-    raise OSError(
-        second,
-        f"cannot isolate the network: unshare(CLONE_NEWNET): {os.strerror(first)}; "
-        f"with CLONE_NEWUSER: {os.strerror(second)}",
-    )
+        isolation.remove_cgroup_roots(iso.cgroup_roots)
 
 
 def serve(control: socket.socket, iso: supervisor.Isolation) -> None:
@@ -97,7 +77,7 @@ def serve(control: socket.socket, iso: supervisor.Isolation) -> None:
 
 def send(conn: socket.socket, report: dict) -> None:
     try:
-        runner.send_frame(conn.fileno(), report)
+        send_frame(conn.fileno(), report)
     except OSError:
         pass  # the executor gave up on this run
 

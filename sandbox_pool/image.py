@@ -2,10 +2,10 @@
 
     python -m sandbox_pool.image build     # what `make sandbox-image` runs; does nothing when built
 
-The tag is `coderloo-sandbox:<hash of docker/Dockerfile and the three files it copies>`, so the
-image is rebuilt exactly when one of them changes. The base (Python 3 and g++ on Debian bookworm)
-comes from docker/Dockerfile.base when a registry is reachable; without one, from debootstrap
-with the Debian mirror of this machine's apt sources, imported with `docker import`.
+The tag is `coderloo-sandbox:<hash of docker/Dockerfile and IMAGE_FILES, the files it copies>`,
+so the image is rebuilt exactly when one of them changes. The base (Python 3 and g++ on Debian
+bookworm) comes from docker/Dockerfile.base when a registry is reachable; without one, from
+debootstrap with the Debian mirror of this machine's apt sources, imported with `docker import`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 DOCKER_DIR = PACKAGE.parent / "docker"
-IMAGE_FILES = [PACKAGE / "runner.py", PACKAGE / "supervisor.py", PACKAGE / "container_executor.py"]
+# The build context besides docker/Dockerfile (which copies all of it): the executor and what it imports.
+IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "runner.py", "protocol.py")]
 BASE_IMAGE = "coderloo-sandbox-base:bookworm"
 REPOSITORY = "coderloo-sandbox"
 DEBOOTSTRAP_PACKAGES = "python3,g++"

@@ -2,7 +2,7 @@
 spreads them over the executors, runs again what a dead executor had, and scales the executors
 with the queue.
 
-    pool = SandboxPool(min_executors=1, max_executors=8, concurrency_per_executor=4)
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=8, concurrency_per_executor=4))
     refs = pool.submit(requests)        # at once: one ObjectRef of an ExecutionResult per request
     results = ray.get(refs)
 
@@ -15,9 +15,11 @@ The dispatcher (an async actor, one per pool, owned by the process that made the
 queue. Each ObjectRef that `submit` returns is the dispatcher's answer for one request, so a
 result is delivered once, whatever happens behind it: when an executor dies, or stops answering
 (its call gets no answer within the run's limit plus a margin: it is killed), its in-flight
-requests go back to the front of the queue and run on another executor, up to `MAX_ATTEMPTS`
-times; after that, and for any other failure of the machinery, the result is an `infra_error`,
-which callers retry or refuse, and never score as a failed program.
+requests go back to the front of the queue and run on another executor; so does a request whose
+executor answered `infra_error` (its sandbox failed, not the program). This is the one retry of
+a sandbox failure: up to `MAX_ATTEMPTS` runs; after that, and for any other failure of the
+machinery, the result is an `infra_error`, which callers refuse, and never score as a failed
+program.
 
 Scaling: when the requests queued and running exceed what the executors (started or starting)
 can run at once, executors are added, up to `max_executors`; an executor with nothing to do for
@@ -41,7 +43,7 @@ from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
 
 NAME_PREFIX = "coderloo-sandbox-"
 RESOURCE = "sandbox"
-MAX_ATTEMPTS = 3  # runs of one request on executors that died under it, before it is an infra_error
+MAX_ATTEMPTS = 3  # runs of one request whose executor died or whose sandbox failed, before it is an infra_error
 RETRY_START_S = (1.0, 30.0)  # after a failed start, wait this long (doubling per failure, up to the second) to try again
 CALL_MARGIN_S = 30.0  # past a run's own limit and the backend's margin: the executor is stuck
 TICK_S = 1.0
@@ -169,7 +171,7 @@ class PoolDispatcher:
         if self.ticker is not None:
             self.ticker.cancel()
         for job in self.queue:
-            self._finish(job, _infra(job.request, "the sandbox pool was shut down"))
+            self._fail(job, "the sandbox pool was shut down")
         self.queue.clear()
         executors, self.executors = list(self.executors.values()), {}
         closing = [e.handle.close.remote() for e in executors if e.ready]
@@ -210,7 +212,7 @@ class PoolDispatcher:
             if not self.executors:  # none works and none is on its way: the queue would wait forever
                 while self.queue:
                     job = self.queue.popleft()
-                    self._finish(job, _infra(job.request, f"no sandbox executor could start: {error}"))
+                    self._fail(job, f"no sandbox executor could start: {error}")
             return
         if executor.name not in self.executors:  # removed while it started
             return
@@ -247,33 +249,41 @@ class PoolDispatcher:
         job.attempts += 1
         limit = job.request.limits.wall_timeout_s + ANSWER_MARGIN_S + CALL_MARGIN_S
         ref = executor.handle.execute.remote(job.request)
-        result = None
         try:
             result = await asyncio.wait_for(ref, limit)
+            if result.status == Status.infra_error and job.attempts < MAX_ATTEMPTS:
+                # the sandbox failed (not the program): the one retry of a sandbox failure is here
+                job.lost_on.append(f"{executor.name}: {result.detail}")
+                self.counts["reruns"] += 1
+                self.queue.appendleft(job)
+            else:
+                self._finish(job, result)
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as e:
             why = "did not answer in time" if isinstance(e, asyncio.TimeoutError) else "died"
             job.lost_on.append(f"{executor.name} {why}")
             self._lost(executor)
             if job.attempts >= MAX_ATTEMPTS:
-                result = _infra(job.request, f"the request ran {job.attempts} times on executors that failed: "
-                                + "; ".join(job.lost_on))
+                self._fail(job, f"the request ran {job.attempts} times on executors that failed: "
+                           + "; ".join(job.lost_on))
             else:
                 self.counts["reruns"] += 1
                 self.queue.appendleft(job)  # first in line: it has waited longest
         except Exception as e:  # the executor's own failure, not the program's
-            result = _infra(job.request, f"sandbox executor {executor.name} failed: {_cause(e)}")
+            self._fail(job, f"sandbox executor {executor.name} failed: {_cause(e)}")
         finally:
             executor.running.discard(job)
             if not executor.running:
                 executor.idle_since = time.monotonic()
-        if result is not None:
-            self._finish(job, result)
         self._dispatch()
         self._scale()
 
     def _finish(self, job: _Job, result: ExecutionResult) -> None:
         if not job.future.done():
             job.future.set_result(result)
+
+    def _fail(self, job: _Job, detail: str) -> None:
+        """Finish with an infra_error: the machinery failed, not the program."""
+        self._finish(job, ExecutionResult.build(len(job.request.tests), Status.infra_error, detail))
 
     # ---- scaling ----
 
@@ -331,10 +341,8 @@ class PoolDispatcher:
 class SandboxPool:
     """The driver's handle on a pool (see the module's docstring)."""
 
-    def __init__(self, min_executors: int = 1, concurrency_per_executor: int = 4, **settings):
-        """`settings`: the other fields of PoolSettings."""
-        self.settings = PoolSettings(min_executors=min_executors, concurrency_per_executor=concurrency_per_executor,
-                                     **settings)
+    def __init__(self, settings: PoolSettings | None = None):
+        self.settings = settings or PoolSettings()
         self.pool_id = uuid.uuid4().hex[:8]
         # A dispatcher takes any number of requests at once: the queue is its own, not Ray's.
         self._dispatcher = PoolDispatcher.options(num_cpus=0, max_concurrency=1_000_000).remote(self.settings, self.pool_id)
@@ -370,11 +378,6 @@ def _pool_gauges() -> dict:
         "busy_executors": gauge("busy_executors", "Executors running at least one program."),
         "executors": gauge("executors", "Executors, by state (ready, starting).", "state"),
     }
-
-
-def _infra(request: ExecutionRequest, detail: str) -> ExecutionResult:
-    return ExecutionResult(status=Status.infra_error, tests=[], num_tests=len(request.tests), duration_s=0.0,
-                           detail=detail)
 
 
 def _cause(error: Exception) -> str:

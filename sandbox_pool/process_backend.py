@@ -11,11 +11,10 @@ with the run), and, where the machine lets us create them, a cgroup per run for 
 the file system beyond Unix permissions (the program can read what "nobody" can read) and,
 without cgroups, the process limit (RLIMIT_NPROC), which concurrent runs share.
 
-This module is the executor's side: `ForkServer` (the server process, restarted when it dies,
-and the client of its protocol), the module-level `execute` on a default server per process, and
-the meaning of the server's reports. Neither raises for a run that went wrong: the sandbox's own
-failures come back as Status.infra_error, so callers can retry them instead of rewarding or
-punishing the program.
+This module is the executor's side: `ForkServer`, the server process (started again for the next
+run when it dies) and the client of its protocol. It does not raise for a run that went wrong:
+the sandbox's own failures come back as Status.infra_error, which callers retry or refuse instead
+of rewarding or punishing the program.
 """
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ import functools
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -32,36 +30,23 @@ import time
 from pathlib import Path
 from typing import IO
 
-from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status, TestOutcome
+from sandbox_pool.protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, frame, split_frame
+from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
 from sandbox_pool.verdict import classify
 
 FORK_SERVER = str(Path(__file__).with_name("fork_server.py"))
-SANDBOX_UID = SANDBOX_GID = 65534  # "nobody"
-# Not this process's environment: it may hold credentials.
-SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 # How long past its wall-clock limit a run may go unanswered before it counts as lost: the
 # supervisor needs a moment to kill, drain and clean up, and a fresh server to start.
 ANSWER_MARGIN_S = 10.0
-
-
-_fork_servers: dict[str | None, ForkServer] = {}  # the module-level `execute`'s, by interpreter
 
 
 class SandboxUnavailable(Exception):
     """The sandbox machinery, not the program, failed; the message says how."""
 
 
-async def execute(request: ExecutionRequest, interpreter: str | None = None) -> ExecutionResult:
-    """Run `request.program` and its tests in a fresh sandbox, forked by this process's fork
-    server for `interpreter` (see `ForkServer`), which the first call starts."""
-    if interpreter not in _fork_servers:
-        _fork_servers[interpreter] = ForkServer(interpreter)
-    return await _fork_servers[interpreter].execute(request)
-
-
 class ForkServer:
-    """A fork_server.py process, started on first use and restarted when it dies, and the client
-    side of its protocol.
+    """A fork_server.py process, started on first use and again for the next run when it dies, and
+    the client side of its protocol.
 
     Each run gets its own socketpair: one end travels (SCM_RIGHTS over the control socket) to the
     server and on to the run's supervisor, which reads the request from it and answers with its
@@ -78,7 +63,7 @@ class ForkServer:
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._log: IO[bytes] | None = None  # the server's stderr: why it died, if it did
-        # What the running server isolates with (see supervisor.probe_isolation); {} before it starts.
+        # What the running server isolates with (see isolation.probe); {} before it starts.
         self.isolation: dict = {}
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
@@ -88,14 +73,14 @@ class ForkServer:
             timeout_s = request.limits.wall_timeout_s + ANSWER_MARGIN_S
             report = await self._run(request_frames(request), timeout_s)
             status, detail, tests = classify(report, request)
-        except SandboxUnavailable as e:
-            return _result(request, started, Status.infra_error, str(e))
         except Exception as e:
-            return _result(request, started, Status.infra_error, f"sandbox backend failed: {type(e).__name__}: {e}")
+            detail = str(e) if isinstance(e, SandboxUnavailable) else f"sandbox backend failed: {type(e).__name__}: {e}"
+            return ExecutionResult.build(len(request.tests), Status.infra_error, detail, started=started)
         stdout, stderr = report.get("stdout", ""), report.get("stderr", "")
         if status is Status.infra_error and stderr.strip():
             detail += "; stderr ends with: " + stderr.strip().splitlines()[-1]
-        return _result(request, started, status, detail, tests, stdout, stderr)
+        return ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests, stdout=stdout,
+                                     stderr=stderr)
 
     def close(self) -> None:
         """Stop the server; runs it already forked finish and answer. The next run starts a new one."""
@@ -120,9 +105,10 @@ class ForkServer:
         finally:
             ours.close()
             theirs.close()
-        if len(reply) < 4:
+        answered = split_frame(reply)
+        if answered is None:
             raise SandboxUnavailable(await _silence(process, log))
-        return json.loads(reply[4:])
+        return answered[0]
 
     async def _exchange(
         self, ours: socket.socket, theirs: socket.socket, request: bytes
@@ -141,14 +127,14 @@ class ForkServer:
         return process, log, b"".join(chunks)
 
     async def _hand_over(self, theirs: socket.socket) -> tuple[subprocess.Popen, IO[bytes]]:
-        """Pass the run's socket to the server, starting one if there is none or it is gone.
-        Nothing has run yet, so a server found dead costs a restart, not the run."""
-        restarted = False
+        """Pass the run's socket to the server, starting one if there is none or it has exited. A
+        server that is gone by the time the socket is passed fails this run (an infra_error) and
+        the next run starts a new one: a run is never handed over twice."""
+        if self._process is not None and self._process.poll() is not None:
+            self.close()
+        if self._process is None:
+            self._start()
         while True:
-            if self._process is not None and self._process.poll() is not None:
-                self.close()
-            if self._process is None:
-                self._start()
             try:
                 socket.send_fds(self._control, [b"r"], [theirs.fileno()])
                 return self._process, self._log
@@ -156,9 +142,7 @@ class ForkServer:
                 await asyncio.sleep(0.001)  # its queue is full; it takes a message in well under a millisecond
             except OSError as e:
                 self.close()
-                if restarted:  # a new server that is gone at once will not do better the next time
-                    raise SandboxUnavailable(f"the sandbox fork server is gone: {e}") from e
-                restarted = True
+                raise SandboxUnavailable(f"the sandbox fork server is gone: {e}") from e
 
     def _start(self) -> None:
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -204,32 +188,7 @@ def request_frames(request: ExecutionRequest) -> bytes:
     head = {"language": request.language, "program": request.program, "limits": request.limits.model_dump()}
     tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup,
             "entry_point": request.entry_point}
-    return b"".join(frame(part) for part in (head, tail))
-
-
-def frame(obj) -> bytes:
-    data = json.dumps(obj).encode()
-    return struct.pack(">I", len(data)) + data
-
-
-def _result(
-    request: ExecutionRequest,
-    started: float,
-    status: Status,
-    detail: str,
-    tests: list[TestOutcome] | None = None,
-    stdout: str = "",
-    stderr: str = "",
-) -> ExecutionResult:
-    return ExecutionResult(
-        status=status,
-        tests=tests or [],
-        num_tests=len(request.tests),
-        duration_s=time.monotonic() - started,
-        stdout=stdout,
-        stderr=stderr,
-        detail=detail,
-    )
+    return frame(head) + frame(tail)
 
 
 @functools.cache

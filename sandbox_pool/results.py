@@ -1,6 +1,7 @@
 """The sandbox's border types: what to run, under which limits, and what came of it."""
 from __future__ import annotations
 
+import time
 from enum import Enum
 from typing import Literal
 
@@ -85,6 +86,15 @@ class ExecutionResult(BaseModel):
     stdout: str = Field("", description="the tail of the program's stdout")
     stderr: str = Field("", description="the tail of the program's stderr")
     detail: str = Field("", description="why the status is what it is, for humans")
+
+    @classmethod
+    def build(cls, num_tests: int, status: Status, detail: str, *, started: float | None = None,
+              tests: list[TestOutcome] | None = None, stdout: str = "", stderr: str = "") -> ExecutionResult:
+        """`started`: time.monotonic() when the run began; None for an answer given without running
+        anything (duration 0)."""
+        duration_s = 0.0 if started is None else time.monotonic() - started
+        return cls(status=status, tests=tests or [], num_tests=num_tests, duration_s=duration_s, stdout=stdout,
+                   stderr=stderr, detail=detail)
 
     @property
     def num_passed(self) -> int:

@@ -1,5 +1,6 @@
 """The two processes of a Python run, and the plain-value codec between them. Standard library only:
-this file runs in the fork server (process backend) and in the executor image (Docker backend).
+this file runs in the fork server (process backend) and in the executor image (Docker backend),
+as a script's sibling (`import runner`), never as part of the package.
 
 A Python run has two processes that never share memory, uid or descriptors:
 
@@ -31,41 +32,13 @@ setup would show the program its source and values (EvalPlus's expected outputs 
 whatever it computed for the tests would be the program's to change.
 """
 import builtins
-import json
 import os
-import struct
 import sys
 
+from protocol import read_frame, send_frame
+
 ERROR_CHARS = 500
-MAX_MESSAGE_BYTES = 64 * 2**20  # a call's arguments or result, encoded
 MAX_DEPTH = 100  # nesting of a plain value
-
-
-# ---- framing: a 4-byte big-endian length, then that many bytes of JSON ----
-
-def send_frame(fd: int, obj) -> None:
-    data = json.dumps(obj).encode()
-    data = struct.pack(">I", len(data)) + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def read_exactly(fd: int, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = os.read(fd, min(left, 2**20))
-        if not chunk:
-            raise EOFError("the other side closed the channel")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(fd: int, limit: int = MAX_MESSAGE_BYTES):
-    (size,) = struct.unpack(">I", read_exactly(fd, 4))
-    if size > limit:
-        raise ValueError(f"a message of {size} bytes is over the limit of {limit}")
-    return json.loads(read_exactly(fd, size))
 
 
 # ---- plain values ----

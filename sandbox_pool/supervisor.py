@@ -2,7 +2,7 @@
 only; the process backend's fork server and the Docker image's executor both call `supervise`
 in a fresh child process (the supervisor) for every run.
 
-The request arrives as two frames (runner.py's framing), read one at a time:
+The request arrives as two frames (protocol.py), read one at a time:
 
     1. {"language", "program", "limits"}   what the program's process may know
     2. {"tests", "test_setup", "entry_point"}  what it must never know
@@ -26,7 +26,6 @@ empties /tmp and /dev/shm.
 """
 import ctypes
 import fcntl
-import json
 import os
 import resource
 import select
@@ -37,14 +36,12 @@ import time
 from dataclasses import dataclass
 
 import runner
+from protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, read_frame, send_frame, split_frame
 
-SANDBOX_UID = SANDBOX_GID = 65534  # "nobody": the program
-TESTER_UID = TESTER_GID = 65533  # the tests: a uid the program cannot signal, trace or read
 OUTPUT_TAIL_BYTES = 4096
 CPP_STDOUT_MAX_BYTES = 2**20  # a C++ test's output is compared whole, up to this size
 RECORD_MAX_BYTES = 2**20
 STOP_GRACE_S = 2.0  # after the sandbox ended, for its output pipes to reach EOF
-SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
 COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -86,7 +83,7 @@ def check(result: int, what: str) -> None:
 def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = None) -> None:
     """Read one request from `in_fd`, run it, and `send_report(report)` (unless the client hung up:
     `hangup_fd` polls POLLHUP when it does). A clean end of input before a request raises EOFError."""
-    head = runner.read_frame(in_fd)
+    head = read_frame(in_fd)
     try:
         run = Run(head, iso, in_fd, hangup_fd)
         try:
@@ -137,9 +134,9 @@ class Run:
         channel.close()
         channel_theirs.close()
         self.close_output_ends()
-        tail = runner.read_frame(self.in_fd)  # the tests: only now, with the program's process forked
+        tail = read_frame(self.in_fd)  # the tests: only now, with the program's process forked
         try:
-            runner.send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"], "entry_point": tail["entry_point"]})
+            send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"], "entry_point": tail["entry_point"]})
         except OSError:
             pass  # the tester is gone; its missing record says so
         os.close(tests_w)
@@ -148,8 +145,8 @@ class Run:
             return None
         record = watched["extra"][record_r]
         try:
-            verdict = json.loads(record[4:]) if len(record) > 4 else None
-        except ValueError:
+            verdict = (split_frame(record) or (None,))[0]  # None: the tester ended before its record was whole
+        except ValueError:  # not JSON
             verdict = None
         report = self.report(watched, tester=verdict)
         report["tester_process"] = watched["processes"].get("tester")
@@ -166,7 +163,7 @@ class Run:
 
         compiler = self.fork(lambda: self.become_sandbox(None, compile_it, compile=True), sandbox=True)
         self.close_output_ends()
-        tail = runner.read_frame(self.in_fd)
+        tail = read_frame(self.in_fd)
         watched = self.watch({compiler: "program"}, until="program")
         if watched is None:
             return None
@@ -275,10 +272,10 @@ class Run:
         os.chdir("/")
         self.common_setup(TESTER_UID, TESTER_GID, {1: self.stdout_w, 2: self.stderr_w, 3: channel, 4: tests_r, 5: record_w},
                           max(256, self.limits["memory_mb"]), 16)
-        request = runner.read_frame(4)
+        request = read_frame(4)
         record = runner.run_tests(request, 3)
         runner.flush_output()
-        runner.send_frame(5, record)
+        send_frame(5, record)
         os._exit(0)
 
     def become_sandbox(self, channel, body, stdin=None, compile=False) -> None:
@@ -576,104 +573,3 @@ def remove(path: str) -> None:
             os.unlink(path)
     except OSError:
         pass
-
-
-def probe_isolation(work_root: str) -> tuple[Isolation, dict]:
-    """What this process may use, found by trying each in a throwaway child; and a summary of it."""
-    root = os.geteuid() == 0
-
-    def works(body) -> bool:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                body()
-                os._exit(0)
-            except BaseException:
-                os._exit(1)
-        return os.waitpid(pid, 0)[1] == 0
-
-    def mounts():
-        check(libc.unshare(CLONE_NEWNS), "unshare")
-        check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "private")
-        check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m"), "tmpfs")
-
-    def pid_namespace():
-        for _ in range(2):
-            pid = fork_new_pid_namespace()
-            if pid == 0:
-                os._exit(0 if os.getpid() == 1 else 1)
-            if os.waitpid(pid, 0)[1] != 0:
-                raise OSError("not pid 1")
-
-    cgroup_roots, cgroup_reason = make_cgroup_roots() if root else ({}, "not root")
-    iso = Isolation(
-        drop_privileges=root,
-        pid_namespace=works(pid_namespace),
-        mount_namespace=root and works(mounts),
-        work_root=work_root,
-        cgroup_roots=cgroup_roots,
-        kill_by_uid=False,
-        run_bounds_processes="pids" in cgroup_roots,
-    )
-    iso.kill_by_uid = root and not iso.pid_namespace
-    summary = {
-        "pid_namespace": iso.pid_namespace,
-        "mount_namespace": iso.mount_namespace,
-        "cgroups": sorted(cgroup_roots),
-        "cgroup_reason": cgroup_reason,
-        "uid": SANDBOX_UID if root else os.geteuid(),
-    }
-    return iso, summary
-
-
-def make_cgroup_roots() -> tuple[dict, str]:
-    """A cgroup of this server's own for each of pids and memory, under the cgroup it runs in.
-    Tried for real (make a child, set a limit, remove it): not every machine lets us."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
-    except OSError as e:
-        return {}, f"cannot read /proc/self/cgroup: {e}"
-    roots, reasons = {}, []
-    name = f"coderloo-sandbox-{os.getpid()}"
-    for controller, limit_file in (("pids", "pids.max"), ("memory", None)):
-        candidates = []
-        for _, controllers, path in lines:
-            if controller in controllers.split(","):
-                candidates.append(os.path.join(f"/sys/fs/cgroup/{controller}", path.lstrip("/")))
-            if controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-                candidates.append(os.path.join("/sys/fs/cgroup", path.lstrip("/")))
-        for base in candidates:
-            path = os.path.join(base, name)
-            try:
-                os.makedirs(path, exist_ok=True)
-                if os.path.exists(os.path.join(base, "cgroup.subtree_control")):
-                    write(base, "cgroup.subtree_control", f"+{controller}")
-                    write(path, "cgroup.subtree_control", f"+{controller}")
-                probe = os.path.join(path, "probe")
-                os.mkdir(probe)
-                ok = os.path.exists(os.path.join(probe, limit_file or "memory.max")) or os.path.exists(
-                    os.path.join(probe, "memory.limit_in_bytes"))
-                os.rmdir(probe)
-                if ok:
-                    roots[controller] = path
-                    break
-                reasons.append(f"{controller}: no limit file under {base}")
-            except OSError as e:
-                reasons.append(f"{controller} at {base}: {e.strerror or e}")
-                try:
-                    os.rmdir(path)
-                except OSError:
-                    pass
-        else:
-            if not candidates:
-                reasons.append(f"{controller}: controller not mounted")
-    return roots, "; ".join(reasons)
-
-
-def remove_cgroup_roots(roots: dict) -> None:
-    for path in roots.values():
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from coderloo import local_cluster
-from coderloo.runtime import LOOPBACK_ENV, free_port
+from coderloo.runtime import LOOPBACK_ENV
+from common.placement import free_port
 
 REQUESTS = 48
 MAX_EXECUTORS = 3  # cluster-local.yaml: up to 3 sandbox nodes of one executor (4 units) each
@@ -53,7 +54,7 @@ def drive(address: str) -> dict:
 
     import ray
 
-    from sandbox_pool import ExecutionRequest, SandboxPool
+    from sandbox_pool import ExecutionRequest, PoolSettings, SandboxPool
 
     ray.init(address=address, logging_level="ERROR")
     start = time.monotonic()
@@ -70,8 +71,8 @@ def drive(address: str) -> dict:
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    pool = SandboxPool(min_executors=0, max_executors=MAX_EXECUTORS, concurrency_per_executor=4, idle_s=2.0,
-                       start_timeout_s=180)
+    pool = SandboxPool(PoolSettings(min_executors=0, max_executors=MAX_EXECUTORS, concurrency_per_executor=4,
+                                    idle_s=2.0, start_timeout_s=180))
     # each program returns its own number, so a result cannot stand in for another's
     requests = [ExecutionRequest(program=f"import time\ndef f():\n    time.sleep(0.5)\n    return {i}\n",
                                  tests=[f"assert f() == {i}"]) for i in range(REQUESTS)]

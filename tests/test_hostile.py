@@ -440,6 +440,7 @@ def child(backend_name: str, out_path: str) -> None:
     abstract.bind("\0" + abstract_name)
     abstract.listen()
     abstract.setblocking(False)
+    (ROOT / ".cache").mkdir(exist_ok=True)  # a fresh clone has none
     scratch = Path(tempfile.mkdtemp(prefix="hostile-", dir=ROOT / ".cache"))
     scratch.chmod(0o755)
     write_dir = scratch / "no-writes"

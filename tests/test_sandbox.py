@@ -15,24 +15,21 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from sandbox_pool import (
-    ExecutionRequest,
-    ExecutionResult,
-    ForkServer,
-    Limits,
-    SandboxPool,
-    Status,
-    execute,
-)
+from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Limits, PoolSettings, SandboxPool, Status
 from sandbox_pool.process_backend import FORK_SERVER
 
 SANDBOX_UID = 65534
+SERVER = ForkServer()  # one warm server for the tests that need no server of their own
+
+
+def teardown_module() -> None:
+    SERVER.close()
 
 
 def run(program: str, tests: list[str], test_setup: str = "", entry_point: str | None = None, **limits) -> ExecutionResult:
     request = ExecutionRequest(program=textwrap.dedent(program), tests=tests, test_setup=test_setup, entry_point=entry_point,
                                limits=Limits(**limits))
-    return asyncio.run(execute(request))
+    return asyncio.run(SERVER.execute(request))
 
 
 def processes_named(name: str) -> list[psutil.Process]:
@@ -156,7 +153,7 @@ def test_memory_exceeded(program, tests):
 
 def test_infra_error_when_the_interpreter_is_missing():
     request = ExecutionRequest(program="x = 1", tests=["assert x == 1"])
-    result = asyncio.run(execute(request, interpreter="/nonexistent/bin/python3"))
+    result = asyncio.run(ForkServer("/nonexistent/bin/python3").execute(request))
     assert result.status is Status.infra_error
     assert "/nonexistent/bin/python3" in result.detail
     assert result.num_tests == 1 and result.fraction_passed == 0.0
@@ -164,9 +161,10 @@ def test_infra_error_when_the_interpreter_is_missing():
 
 def test_infra_error_when_the_fork_server_cannot_start():
     request = ExecutionRequest(program="x = 1", tests=["assert x == 1"])
+    server = ForkServer("/bin/false")
     # Each run finds the server dead and starts it again; none waits for an answer that never comes.
     for _ in range(3):
-        result = asyncio.run(execute(request, interpreter="/bin/false"))
+        result = asyncio.run(server.execute(request))
         assert result.status is Status.infra_error
         assert "fork server" in result.detail
 
@@ -207,7 +205,7 @@ def test_fork_bomb_is_contained_and_reaped():
         request = ExecutionRequest(
             program=textwrap.dedent(program), tests=["bomb()"], limits=Limits(wall_timeout_s=3.0, max_processes=32)
         )
-        task = asyncio.create_task(execute(request))
+        task = asyncio.create_task(SERVER.execute(request))
         most_seen = 0
         while not task.done():
             most_seen = max(most_seen, len(processes_named(name)))
@@ -243,7 +241,7 @@ def test_processes_left_behind_are_killed_after_the_run():
         request = ExecutionRequest(
             program=textwrap.dedent(program), tests=["assert leave_sleepers()"], limits=Limits(wall_timeout_s=60)
         )
-        task = asyncio.create_task(execute(request))
+        task = asyncio.create_task(SERVER.execute(request))
         try:
             sleepers: list[psutil.Process] = []
             for _ in range(400):
@@ -350,7 +348,7 @@ def check_in_order(cases: list[tuple[ExecutionRequest, Status]], results: list[E
 
 def test_pool_runs_mixed_requests_in_order(ray_cluster):
     cases = mixed_requests(50)
-    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=4)
+    pool = SandboxPool(PoolSettings(min_executors=2, max_executors=2, concurrency_per_executor=4))
     try:
         check_in_order(cases, pool.run([request for request, _ in cases]))
         # submit() hands back refs at once; both halves run at the same time.
@@ -365,7 +363,7 @@ def test_pool_takes_submissions_from_several_threads(ray_cluster):
     from concurrent.futures import ThreadPoolExecutor
 
     cases = mixed_requests(48)
-    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=4)
+    pool = SandboxPool(PoolSettings(min_executors=2, max_executors=2, concurrency_per_executor=4))
     try:
         chunks = [cases[i : i + 6] for i in range(0, len(cases), 6)]
         with ThreadPoolExecutor(8) as threads:
@@ -496,7 +494,7 @@ def test_hanging_up_kills_the_run():
     )
 
     async def cancel_while_running() -> tuple[int, list[psutil.Process]]:
-        task = asyncio.create_task(execute(request))
+        task = asyncio.create_task(SERVER.execute(request))
         seen = 0
         for _ in range(600):
             seen = len(processes_with_argument(marker))
@@ -547,7 +545,7 @@ def named_executors(ray, pool: SandboxPool) -> list[tuple[str, str]]:
 
 def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_once(ray_cluster):
     ray = ray_cluster
-    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=4)
+    pool = SandboxPool(PoolSettings(min_executors=2, max_executors=2, concurrency_per_executor=4))
     try:
         requests = sleepy_requests(24, sleep_s=1.0)
         refs = pool.submit(requests)
@@ -569,7 +567,7 @@ def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_onc
 
 
 def test_pool_grows_with_its_queue_and_shrinks_when_idle(ray_cluster):
-    pool = SandboxPool(min_executors=1, max_executors=3, concurrency_per_executor=2, idle_s=1.0)
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=3, concurrency_per_executor=2, idle_s=1.0))
     try:
         assert wait_until(lambda: len(pool.stats()["ready"]) == 1)
         results = pool.run(sleepy_requests(12, sleep_s=0.5))
@@ -590,8 +588,8 @@ def test_executors_that_cannot_start_give_infra_errors_not_failed_programs(ray_c
     from coderloo.runtime import LOCAL_SANDBOX_SLOTS
 
     # An executor asks for one `sandbox` unit per slot: more than the cluster has never gets a place.
-    pool = SandboxPool(min_executors=1, max_executors=1, concurrency_per_executor=LOCAL_SANDBOX_SLOTS + 1,
-                       start_timeout_s=2.0)
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=LOCAL_SANDBOX_SLOTS + 1,
+                                    start_timeout_s=2.0))
     try:
         (result,) = pool.run([ExecutionRequest(program="x = 1", tests=["assert x == 1"])])
         assert result.status is Status.infra_error
@@ -614,7 +612,7 @@ def test_pool_with_the_docker_backend(ray_cluster):
             pytest.fail(f"CODERLOO_REQUIRE_DOCKER=1 but: {e}")
         pytest.skip(str(e))
     cases = mixed_requests(10)
-    pool = SandboxPool(min_executors=1, max_executors=1, concurrency_per_executor=2, backend="docker")
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=2, backend="docker"))
     try:
         check_in_order(cases, pool.run([request for request, _ in cases]))
     finally:
