@@ -16,8 +16,9 @@ import tempfile
 import time
 
 from bench.plots import comparison
-from coderloo.config import LearnerConfig
-from coderloo.models import TinyModelSpec, build_tiny_model, load_tokenizer
+from learner.config import LearnerConfig
+from coderloo.models import TinyModelSpec, build_tiny_model
+from common.hf import load_tokenizer
 from coderloo.runtime import init_ray
 from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
 from learner.batch import TrainSequence
@@ -34,19 +35,19 @@ def sequences(model: str, count: int = 256) -> list[TrainSequence]:
     for i in range(count):
         prompt = tokenizer(tasks[i % len(tasks)].prompt)["input_ids"]
         completion = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(16, 48))]
-        out.append(TrainSequence(prompt, completion, [-2.0] * len(completion), rng.gauss(0, 1)))
+        out.append(TrainSequence(prompt, completion, [-2.0] * len(completion), [rng.gauss(0, 1)] * len(completion)))
     return out
 
 
 def measure(model: str, batch: list[TrainSequence], ranks: int) -> float:
     config = LearnerConfig(num_ranks=ranks, zero_stage=2)
-    learner = LearnerGroup(model, config, 1.0)
+    learner = LearnerGroup(model, config)
     try:
-        learner.train_step(batch)  # warm-up
+        learner.train_step(batch, config.loss_config(1, 1.0))  # warm-up
         times = []
         for _ in range(REPEATS):
             start = time.perf_counter()
-            learner.train_step(batch)
+            learner.train_step(batch, config.loss_config(1, 1.0))
             times.append(time.perf_counter() - start)
     finally:
         learner.kill()

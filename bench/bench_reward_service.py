@@ -1,16 +1,13 @@
 """Reward service throughput: batches of 64 completions through a DeploymentHandle and over HTTP
-(127.0.0.1), side by side, against one running Serve app; and the cost of per-token attribution's
-character offsets, decoded as a stream against decoding every prefix.
+(127.0.0.1), side by side, against one running Serve app.
 
     python -m bench.bench_reward_service
 
 Each batch is one request of 64 completions of synthetic tasks (a third of them wrong); the two
 paths score the same batches, one request at a time, and must agree on every reward. The
 difference is what HTTP and JSON cost on top of the scoring.
-
-Attribution (learner.dense_rewards) needs each completion token's end in the decoded text:
-`token_end_offsets` for completions of 256 and 1024 tokens of code (the tiny model's tokenizer),
-median of 5, against `prefix_end_offsets`, which it replaced.
+Requests name their tasks by id: the service reads them from a task file of the synthetic
+train split.
 """
 from __future__ import annotations
 
@@ -60,50 +57,28 @@ def report(name: str, latencies: list[float]) -> float:
     return rate
 
 
-def attribution_offsets() -> dict:
-    import tempfile
-    from pathlib import Path
-
-    from coderloo.models import TinyModelSpec, build_tiny_model, load_tokenizer
-    from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
-    from reward_service.attribution import prefix_end_offsets, token_end_offsets
-
-    tokenizer = load_tokenizer(build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-attr-")) / "tiny", corpus_for_tokenizer(), TinyModelSpec()))
-    code = "".join(t.reference for t in synthetic_suite()["train"])
-    ids = tokenizer(code, add_special_tokens=False)["input_ids"]
-    print("per-token attribution: the character end of each completion token, median of 5")
-    values = {}
-    for n in (256, 1024):
-        seconds = {}
-        for name, fn in (("stream", token_end_offsets), ("every prefix", prefix_end_offsets)):
-            runs = []
-            for _ in range(5):
-                start = time.perf_counter()
-                ends = fn(ids[:n], tokenizer)
-                runs.append(time.perf_counter() - start)
-            seconds[name] = statistics.median(runs)
-            values[f"{name}, {n} tokens"] = seconds[name] * 1000
-        assert ends == token_end_offsets(ids[:n], tokenizer)
-        print(f"  {n:5d} tokens   stream {seconds['stream'] * 1000:8.2f} ms   every prefix {seconds['every prefix'] * 1000:8.2f} ms"
-              f"   every prefix / stream {seconds['every prefix'] / seconds['stream']:6.1f}x")
-    return comparison("attribution offsets of one completion", "ms", "stream, 1024 tokens",
-                      {k: v for k, v in values.items() if k.endswith("1024 tokens")}, lower_is_better=True)
-
-
 def main() -> list[dict]:
     from ray import serve
 
-    from coderloo.runtime import init_ray
-    from reward_service.app import build_app
-    from reward_service.schemas import RewardResponse, ServiceConfig
+    import tempfile
 
+    from coderloo.runtime import init_ray
+    from coderloo.tasksets.synthetic import synthetic_suite
+    from reward_service.app import build_app
+    from reward_service.config import ServiceConfig
+    from reward_service.schemas import RewardResponse
+    from reward_service.tasks import save_jsonl
+    from sandbox_pool import PoolSettings
+
+    task_file = f"{tempfile.mkdtemp(prefix='bench-rewards-')}/train.jsonl"
+    save_jsonl(synthetic_suite()["train"], task_file)
     init_ray()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        handle = serve.run(build_app(ServiceConfig(num_executors=2)), name="rewards-bench", route_prefix="/")
+        handle = serve.run(build_app(ServiceConfig(pool=PoolSettings(initial_executors=2), task_files=[task_file])), name="rewards-bench", route_prefix="/")
         work = batches()
         handle.score.remote(work[0]).result()  # warm: the pool's fork servers start on first use
         url = f"http://127.0.0.1:{port}/v1/rewards"
@@ -122,8 +97,7 @@ def main() -> list[dict]:
             raise SystemExit("the handle and HTTP paths disagree on rewards")
     finally:
         serve.shutdown()
-    return [comparison(f"reward service, requests of {BATCH} completions", "completions/s", "DeploymentHandle", rates),
-            attribution_offsets()]
+    return [comparison(f"reward service, requests of {BATCH} completions", "completions/s", "DeploymentHandle", rates)]
 
 
 if __name__ == "__main__":

@@ -19,12 +19,13 @@ import ray
 import torch
 
 from bench.plots import comparison
-from coderloo.config import LearnerConfig
+from learner.config import LearnerConfig
 from coderloo.models import TinyModelSpec, build_tiny_model
 from coderloo.runtime import init_ray
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from learner.group import LearnerGroup
-from rollout_workers import RolloutGroup, RolloutWorker, SyncSettings
+from rollout_workers import RolloutGroup, RolloutWorker
+from rollout_workers.config import WeightSyncConfig
 
 REPEATS = 3
 SIZES = {
@@ -47,9 +48,9 @@ def memcpy_s(nbytes: int) -> float:
 
 
 def push_s(model: str) -> tuple[int, float]:
-    learner = LearnerGroup(model, LearnerConfig(), 1.0)
+    learner = LearnerGroup(model, LearnerConfig())
     worker = RolloutWorker.remote(model, "vllm", threads=2)
-    group = RolloutGroup([worker], SyncSettings("gloo", bucket_bytes=32 << 20, timeout_s=300))
+    group = RolloutGroup([worker], WeightSyncConfig(bucket_mb=32, timeout_s=300))
     try:
         group.connect(learner.weight_sources)
         group.push()  # warm-up

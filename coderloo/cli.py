@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from coderloo.config import ConfigError, load_config
-from coderloo.tasksets.task import TaskFileError
 from coderloo.runtime import apply_env_defaults
+from reward_service.tasks import TaskFileError
 
 
 def _config(args):
@@ -34,6 +34,7 @@ def cmd_eval(args) -> int:
     from coderloo.tasksets.loading import load_tasks
     from reward_service.client import RewardClient
     from rollout_workers import RolloutGroup, start_workers
+    from rollout_workers.strategies import make_strategy
 
     config = _config(args)
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
@@ -53,16 +54,13 @@ def cmd_eval(args) -> int:
     init_ray(address=config.ray_address)
     rewards_service = RewardClient(config.reward)
     workers = start_workers(model, config.rollout, config.learner.seed)
+    strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine)
     results = {}
     try:
         for name, (tasks, stop) in suites.items():
             started = time.monotonic()
-            metrics = evaluate(
-                RolloutGroup(workers), rewards_service, tasks, n=config.eval.samples_per_task, ks=config.eval.k,
-                temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                stop=stop, greedy=config.eval.greedy, seed=config.train.seed, sampled=config.eval.sampled,
-                refinement=config.refine if config.refine.enabled else None,
-            )
+            metrics = evaluate(strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
+                               stop, seed=config.train.seed)
             results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
     finally:
         for worker in workers:
@@ -94,7 +92,7 @@ def results_table(results: dict[str, dict]) -> str:
 
 def cmd_tasks(args) -> int:
     from coderloo.tasksets.synthetic import synthetic_suite
-    from coderloo.tasksets.task import save_jsonl
+    from reward_service.tasks import save_jsonl
 
     for split, tasks in synthetic_suite().items():
         save_jsonl(tasks, f"{args.out}/synthetic-{split}.jsonl")

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import random
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from coderloo.tasksets.task import Task
+from common.config import Section
+from reward_service.tasks import Task
 
 
-class CurriculumConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class CurriculumConfig(Section):
     enabled: bool = Field(default=False, description="Draw prompts by running pass rate (off: shuffled passes over the train set).")
     ema: float = Field(default=0.5, gt=0, le=1, description="Weight of a task's newest group in its running pass rate.")
     prior: float = Field(default=0.5, ge=0, le=1, description="Running pass rate of a task not sampled yet.")
@@ -73,3 +72,45 @@ class Curriculum:
     def load_state(self, state: dict) -> None:
         self.rate = dict(state["rate"])
         self.level = state["level"]
+
+
+class TaskDraw:
+    """The tasks of each RL step: shuffled passes over the train set, or the curriculum's draw,
+    after the tasks of steps that were in flight at a checkpoint (redone on resume first)."""
+
+    def __init__(self, tasks: list[Task], n: int, config: CurriculumConfig, rng: random.Random):
+        self.by_id = {t.id: t for t in tasks}
+        self.tasks, self.n, self.rng = tasks, n, rng
+        # Its running pass rates and level are kept (and logged) even when it does not draw.
+        self.curriculum, self.enabled = Curriculum(tasks, config, rng), config.enabled
+        self.order: list[Task] = []
+        self.pending: list[list[str]] = []
+
+    def draw(self) -> list[Task]:
+        if self.pending:
+            return [self.by_id[i] for i in self.pending.pop(0)]
+        if self.enabled:
+            return self.curriculum.draw(self.n)
+        if len(self.order) < self.n:
+            self.order += self.rng.sample(self.tasks, len(self.tasks))
+        tasks, self.order = self.order[: self.n], self.order[self.n :]
+        return tasks
+
+    def update(self, task_id: str, pass_rate: float) -> None:
+        self.curriculum.update(task_id, pass_rate)
+
+    def state(self, in_flight: list[list[Task]]) -> dict:
+        return {"order": [t.id for t in self.order], "rng_state": self.rng.getstate(),
+                "curriculum": self.curriculum.state(),
+                "in_flight": [[t.id for t in tasks] for tasks in in_flight]}
+
+    def load_state(self, state: dict) -> None:
+        self.order = [self.by_id[i] for i in state["order"]]
+        self.rng.setstate(_to_tuple(state["rng_state"]))
+        self.curriculum.load_state(state["curriculum"])
+        self.pending = state["in_flight"]
+
+
+def _to_tuple(value):
+    """JSON turned random.getstate()'s tuples into lists; setstate needs them back."""
+    return tuple(_to_tuple(v) for v in value) if isinstance(value, list) else value

@@ -1,16 +1,16 @@
-"""Held-out evaluation: pass@k with the unbiased estimator, greedy pass@1, and with a critic,
-critic-guided best-of-n against a random pick of the same samples."""
+"""Held-out evaluation through a rollout strategy: pass@k with the unbiased estimator, greedy
+pass@1, and with a critic, critic-guided best-of-n against a random pick of the same samples."""
 from __future__ import annotations
 
 from math import comb
 
 import numpy as np
 
-from coderloo.refine import RefineConfig, pass_rates_by_round, refine
-from coderloo.tasksets.task import Task
+from coderloo.config import EvalConfig
 from learner.critic import OnlineCritic
-from reward_service.client import RewardClient
-from rollout_workers import GenerationParams, RolloutGroup
+from reward_service.tasks import Task
+from rollout_workers import GenerationParams
+from rollout_workers.strategies import RolloutStrategy
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -43,60 +43,37 @@ def vote_scores(texts: list[list[str]], weights: np.ndarray) -> np.ndarray:
 
 
 def evaluate(
-    rollouts_group: RolloutGroup,
-    rewards_service: RewardClient,
-    tasks: list[Task],
-    n: int,
-    ks: list[int],
-    temperature: float,
-    max_new_tokens: int,
-    stop: list[str],
-    greedy: bool,
-    seed: int | None = None,
-    sampled: bool = True,
-    critic: OnlineCritic | None = None,
-    refinement: RefineConfig | None = None,
+    strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
+    seed: int | None = None, critic: OnlineCritic | None = None,
 ) -> dict[str, float]:
-    """pass@k over `tasks` from n samples each (unless not `sampled`); with `greedy`, also greedy
-    pass@1; with a `critic`, pass@1 of its pick among each task's first `select_n` samples
-    (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
-    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote).
+    """Held-out metrics of the trajectories `strategy` makes for `tasks`, judged by their outcomes:
+    pass@k from `config.samples_per_task` samples each (with `config.sampled`), greedy pass@1
+    (with `config.greedy`), and what the strategy measured of the sampled ones (refinement:
+    pass@1 within 1..R attempts, pass@1_round1..R, never falling; round 1 is the first attempts).
 
-    With `refinement`, pass@1 after each round (pass@1_round1..R): the samples above (the greedy
-    one when not `sampled`) are the first attempts, each rewritten from its execution feedback
-    until it passes or has made `refinement.rounds` attempts; a trajectory counts at round r if one
-    of its first r attempts passed, so the rates never fall, and round 1 is pass@1 itself."""
-    prompts = [t.prompt for t in tasks]
+    With a `critic`, pass@1 of its pick among each task's first `select_n` samples
+    (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
+    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote)."""
     metrics: dict[str, float] = {}
-    first_attempts = None  # (params, tasks, completions, rewards) that refinement starts from
-    if sampled:
-        params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
-        rollouts = rollouts_group.generate(prompts, params, seed)
-        pairs = [(task, s.text) for task, r in zip(tasks, rollouts) for s in r.samples]
-        rewards = rewards_service.score([p[0] for p in pairs], [p[1] for p in pairs])
-        first_attempts = (params, [p[0] for p in pairs], [p[1] for p in pairs], rewards)
-        passed = np.array([r.passed for r in rewards]).reshape(len(tasks), n)
-        metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in ks})
+    if config.sampled:
+        n = config.samples_per_task
+        params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
+        rollouts = strategy.run(tasks, params, seed)
+        metrics.update({key: value for key, value in rollouts.metrics.items() if key.startswith("pass@")})
+        passed = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+        metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in config.k})
         if critic is not None:
             m = critic.config.select_n
-            p_passed = critic.p_passed([r.prompt_ids for r in rollouts for _ in r.samples[:m]],
-                                       [s.token_ids for r in rollouts for s in r.samples[:m]])
+            last = [[t.turns[-1] for t in group[:m]] for group in rollouts.groups]
+            p_passed = critic.p_passed([turn.prompt_ids for row in last for turn in row], [turn.token_ids for row in last for turn in row])
             p_passed = p_passed.reshape(len(tasks), m)
-            texts = [[s.text for s in r.samples[:m]] for r in rollouts]
+            texts = [[turn.text for turn in row] for row in last]
             metrics["pass@1_critic"] = pass_rate_of_pick(passed[:, :m], p_passed)
             metrics["pass@1_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed)))
             metrics["pass@1_critic_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, p_passed))
             metrics["pass@1_random"] = float(passed[:, :m].mean())
-    if greedy:
+    if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-        rollouts = rollouts_group.generate(prompts, params)
-        completions = [r.samples[0].text for r in rollouts]
-        rewards = rewards_service.score(tasks, completions)
-        first_attempts = first_attempts or (params, tasks, completions, rewards)
-        metrics["greedy_pass@1"] = float(np.mean([r.passed for r in rewards]))
-    if refinement is not None and first_attempts is not None:
-        params, flat_tasks, completions, rewards = first_attempts
-        later = refine(rollouts_group.generate, rewards_service, flat_tasks, completions, rewards, refinement, params, seed)
-        rates = pass_rates_by_round(rewards, later, refinement.rounds)
-        metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
+        rollouts = strategy.run(tasks, params, None)
+        metrics["greedy_pass@1"] = float(np.mean([t.outcome.passed for t in rollouts.trajectories()]))
     return metrics

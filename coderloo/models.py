@@ -96,22 +96,3 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str], spec: TinyModel
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_causal_lm(path: str | Path, dtype: str = "float32"):
-    """Load any Hugging Face causal LM from a local directory."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, dtype), local_files_only=True
-    )

@@ -161,7 +161,7 @@ class WeightSource:
 
     def weight_sync_address(self) -> tuple[str, int]:
         """Where receivers reach this actor's store: its node's address and a free port."""
-        from coderloo.runtime import node_address_and_port
+        from common.placement import node_address_and_port
 
         return node_address_and_port()
 

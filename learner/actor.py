@@ -17,9 +17,9 @@ from pathlib import Path
 import ray
 import torch
 
+from common.weight_sync import WeightSource
 from learner.batch import PackedBatch, TrainSequence, pack
-from learner.losses import kl_penalty, policy_loss, sft_loss, token_logprobs
-from rollout_workers.weight_sync import WeightSource
+from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs
 
 # One rank's share of a step: for each mini-batch (optimizer step), its micro-batches and the
 # normalizer of the whole mini-batch (over all ranks).
@@ -47,21 +47,22 @@ def copy_tokenizer_files(model_path: str | Path, out: str | Path) -> None:
 
 @ray.remote
 class Learner(WeightSource):
-    """One rank of the policy learner. `config` is a coderloo.config.LearnerConfig.
+    """One rank of the policy learner. `config` is a learner.config.LearnerConfig (its model,
+    optimizer and precision; each step's loss comes with the step).
 
     Construction only records the arguments; `setup` joins the process group (all ranks at once)
-    and builds the DeepSpeed engine. The learner knows nothing of sandboxes or HTTP.
+    and builds the DeepSpeed engine. The learner knows nothing of sandboxes, HTTP or algorithms:
+    it applies the loss it is given to the advantages it is given.
     """
 
-    def __init__(self, model_path: str, config, temperature: float, rank: int = 0, world_size: int = 1):
+    def __init__(self, model_path: str, config, rank: int = 0, world_size: int = 1):
         self.model_path = model_path
         self.config = config
-        self.temperature = temperature
         self.rank = rank
         self.world_size = world_size
 
     def rendezvous_address(self) -> tuple[str, int]:
-        from coderloo.runtime import node_address_and_port
+        from common.placement import node_address_and_port
 
         return node_address_and_port()
 
@@ -73,7 +74,7 @@ class Learner(WeightSource):
         )
         import deepspeed
 
-        from coderloo.models import load_causal_lm, load_tokenizer
+        from common.hf import load_causal_lm, load_tokenizer
 
         config = self.config
         torch.manual_seed(config.seed)
@@ -109,13 +110,13 @@ class Learner(WeightSource):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _logprobs(self, model, batch: PackedBatch, temperature: float | None = None) -> torch.Tensor:
-        """Next-token logprobs at the sampler's temperature (default: the configured one)."""
+    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+        """Next-token logprobs at the sampler's temperature."""
         device = self.engine.device
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
-        return token_logprobs(logits, batch.input_ids.to(device), temperature or self.temperature).float().cpu()
+        return token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
 
-    def train_step(self, work: Work, kl_coef: float = 0.0, temperature: float | None = None) -> dict[str, float]:
+    def train_step(self, work: Work, loss_config: LossConfig) -> dict[str, float]:
         """Policy-gradient updates: one optimizer step per mini-batch of `work`.
 
         Mini-batches after the first are slightly off-policy; the clipped ratio against the
@@ -124,38 +125,31 @@ class Learner(WeightSource):
         """
         self._set_lr(self.config.lr)
         self.engine.train()
+        temperature = loss_config.temperature
         minis = [([pack(m, self.pad_id) for m in micros], normalizer) for micros, normalizer in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
         with torch.no_grad():
-            old = [[self._logprobs(self.engine, b, temperature) for b in micros] for micros, _ in minis]
+            step_start = [[self._logprobs(self.engine, b, temperature) for b in micros] for micros, _ in minis]
         diffs = torch.cat(
-            [(o - b.old_logprobs).abs()[b.completion_mask.bool()] for (micros, _), olds in zip(minis, old) for b, o in zip(micros, olds)]
+            [(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for (micros, _), olds in zip(minis, step_start) for b, o in zip(micros, olds)]
         )
         totals: dict[str, float] = {}
         passes = sum(len(micros) for micros, _ in minis)
-        for (micros, normalizer), olds in zip(minis, old):
-            for batch, old_logprobs in zip(micros, olds):
-                logprobs = self._logprobs(self.engine, batch, temperature)
-                ref_logprobs = None
-                if self.reference is not None and kl_coef > 0 and self.config.kl_in == "loss":
+        for (micros, normalizer), olds in zip(minis, step_start):
+            for batch, step_start_logprobs in zip(micros, olds):
+                reference_logprobs = None
+                if loss_config.kl_coef > 0:
                     with torch.no_grad():
-                        ref_logprobs = self._logprobs(self.reference, batch, temperature)
-                loss, stats = policy_loss(
-                    logprobs,
-                    old_logprobs,
-                    batch.advantages,
-                    batch.completion_mask,
-                    clip_eps=self.config.clip_eps,
-                    ref_logprobs=ref_logprobs,
-                    kl_coef=kl_coef,
-                    kl_estimator=self.config.kl_estimator,
-                    sampler_logprobs=batch.old_logprobs,
-                    tis_cap=self.config.tis_cap,
-                    # DeepSpeed averages gradients over ranks: scale so that they sum instead.
-                    normalizer=normalizer / self.world_size,
+                        reference_logprobs = self._logprobs(self.reference, batch, temperature)
+                inputs = LossInputs(
+                    logprobs=self._logprobs(self.engine, batch, temperature), step_start_logprobs=step_start_logprobs,
+                    sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
+                    reference_logprobs=reference_logprobs,
                 )
+                # DeepSpeed averages gradients over ranks: scale so that they sum instead.
+                loss, stats = policy_loss(inputs, loss_config, normalizer=normalizer / self.world_size)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 stats["loss"] = loss.item()
                 for key, value in stats.items():
@@ -167,14 +161,13 @@ class Learner(WeightSource):
         totals["tokens"] = float(diffs.numel())
         return totals
 
-    def sequence_kl(self, micros: list[list[TrainSequence]], temperature: float | None = None) -> list[list[float]]:
+    def sequence_kl(self, micros: list[list[TrainSequence]], temperature: float, estimator: str) -> list[list[float]]:
         """Per sequence, the sum over its completion tokens of the KL estimate to the reference."""
         out = []
         with torch.no_grad():
             for seqs in micros:
                 batch = pack(seqs, self.pad_id)
-                kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._logprobs(self.reference, batch, temperature),
-                                self.config.kl_estimator)
+                kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._logprobs(self.reference, batch, temperature), estimator)
                 out.append((kl * batch.completion_mask).sum(dim=1).tolist())
         return out
 
@@ -212,11 +205,6 @@ class Learner(WeightSource):
 
             return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
         return contextlib.nullcontext()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """A copy of the whole weights (tests compare ranks and runs with it)."""
-        with self._whole_parameters():
-            return {name: t.detach().cpu().clone() for name, t in named_weights(self.engine.module).items()}
 
     @contextlib.contextmanager
     def weights_for_sync(self):

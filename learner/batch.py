@@ -1,4 +1,4 @@
-"""Packing sequences of different lengths into padded tensors for the learner."""
+"""Training sequences, and packing sequences of different lengths into padded tensors for the learner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,21 +8,22 @@ import torch
 
 @dataclass
 class TrainSequence:
-    """One sampled completion, as the learner needs it."""
+    """One turn as the learner trains on it: the context, the tokens after it, and per token the
+    sampler's logprob, the advantage and whether it is trained on (the policy produced it)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
-    old_logprobs: list[float]  # the sampler's logprob of each completion token
-    advantage: float
-    token_advantages: list[float] | None = None  # one per completion token (dense rewards); None: `advantage` for each
+    sampler_logprobs: list[float] | None = None  # None: not sampled (SFT references, critic inputs)
+    advantages: list[float] | None = None  # None: not yet computed (learner.algorithm.build_batch sets them)
+    mask: list[bool] | None = None  # None: every completion token is trained on
 
 
 @dataclass
 class PackedBatch:
     input_ids: torch.Tensor  # [B, T], right-padded
     attention_mask: torch.Tensor  # [B, T]
-    completion_mask: torch.Tensor  # [B, T-1], aligned with next-token logprobs
-    old_logprobs: torch.Tensor  # [B, T-1]
+    completion_mask: torch.Tensor  # [B, T-1], aligned with next-token logprobs: the tokens trained on
+    sampler_logprobs: torch.Tensor  # [B, T-1]
     advantages: torch.Tensor  # [B, T-1], each completion token's (0 elsewhere)
 
 
@@ -33,10 +34,10 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
     completion_mask = torch.zeros((batch, width - 1))
-    old_logprobs = torch.zeros((batch, width - 1))
+    sampler_logprobs = torch.zeros((batch, width - 1))
     advantages = torch.zeros((batch, width - 1))
     for row, seq in enumerate(sequences):
-        for name, values in (("logprobs", seq.old_logprobs), ("token advantages", seq.token_advantages)):
+        for name, values in (("sampler logprobs", seq.sampler_logprobs), ("advantages", seq.advantages), ("mask values", seq.mask)):
             if values is not None and len(values) != len(seq.completion_ids):
                 raise ValueError(f"sequence {row}: {len(values)} {name} for {len(seq.completion_ids)} completion tokens")
         ids = seq.prompt_ids + seq.completion_ids
@@ -46,7 +47,9 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
         # so it is predicted at position len(prompt)+j-1.
         start = len(seq.prompt_ids) - 1
         end = start + len(seq.completion_ids)
-        completion_mask[row, start:end] = 1
-        old_logprobs[row, start:end] = torch.tensor(seq.old_logprobs)
-        advantages[row, start:end] = seq.advantage if seq.token_advantages is None else torch.tensor(seq.token_advantages)
-    return PackedBatch(input_ids, attention_mask, completion_mask, old_logprobs, advantages)
+        completion_mask[row, start:end] = 1 if seq.mask is None else torch.tensor(seq.mask, dtype=torch.float)
+        if seq.sampler_logprobs is not None:
+            sampler_logprobs[row, start:end] = torch.tensor(seq.sampler_logprobs)
+        if seq.advantages is not None:
+            advantages[row, start:end] = torch.tensor(seq.advantages)
+    return PackedBatch(input_ids, attention_mask, completion_mask, sampler_logprobs, advantages)

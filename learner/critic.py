@@ -24,30 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from learner.batch import TrainSequence, pack
-from sandbox_pool import Status
 
 STATE_FILE = "critic.pt"  # in a training checkpoint's directory
+# CodeRL's four outcome classes; the caller labels each program with one of them.
 OUTCOMES = ("syntax_error", "runtime_error", "failed", "passed")
 PASSED = OUTCOMES.index("passed")
-
-# CodeRL's four classes from the sandbox's statuses. A test that raises counts as a failed test
-# here (the sandbox's `failed`: the program ran and a test did not pass); `runtime_error` is a
-# program that raised or crashed before its tests finished, or ran out of time or memory.
-_OUTCOME_OF = {
-    Status.syntax_error: "syntax_error",
-    Status.runtime_error: "runtime_error",
-    Status.timeout: "runtime_error",
-    Status.memory_exceeded: "runtime_error",
-    Status.failed: "failed",
-    Status.passed: "passed",
-}
-
-
-def outcome_class(status: Status) -> int | None:
-    """The index in OUTCOMES of a scored program; None for a sandbox failure (no label)."""
-    name = _OUTCOME_OF.get(Status(status))
-    return None if name is None else OUTCOMES.index(name)
-
 
 def accuracy(probs: np.ndarray, labels: np.ndarray) -> float | None:
     """Share of rows whose most probable class is the label; None without rows."""
@@ -75,12 +56,12 @@ def heldout_task(task_id: str, fraction: float) -> bool:
 
 @ray.remote
 class Critic:
-    """The critic's model and optimizer. `config` is a coderloo.config.CriticConfig."""
+    """The critic's model and optimizer. `config` is a learner.config.CriticConfig."""
 
     def __init__(self, model_path: str, config, seed: int = 0):
         from transformers import AutoModel
 
-        from coderloo.models import load_tokenizer
+        from common.hf import load_tokenizer
 
         torch.set_num_threads(config.threads)
         torch.manual_seed(seed)
@@ -93,7 +74,7 @@ class Critic:
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
 
     def _logits(self, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
-        batch = pack([TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in pairs], self.pad_id)
+        batch = pack([TrainSequence(p, c) for p, c in pairs], self.pad_id)
         hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
         # completion_mask marks the positions that predict completion tokens; one to the right
         # are the completion tokens themselves. An empty completion pools to zeros (the bias alone).
@@ -178,14 +159,11 @@ class OnlineCritic:
         self.config = config
         self.actor = Critic.options(name=name).remote(model_path, config, seed)
 
-    def observe(self, tasks, rollouts, statuses: list[Status]) -> CriticStep:
-        """Predict every sample of a step (the prompt groups `rollouts` of `tasks`; the sandbox's
-        `statuses` flat in the same order), then train on those of the tasks not held out.
+    def observe(self, task_ids: list[str], prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                labels: list[int | None]) -> CriticStep:
+        """Predict every program of a step, then train on those of the tasks not held out.
+        `labels`: each program's index in OUTCOMES (None: no label, e.g. the sandbox failed).
         Returns at once."""
-        task_ids = [t.id for t, r in zip(tasks, rollouts, strict=True) for _ in r.samples]
-        prompt_ids = [r.prompt_ids for r in rollouts for _ in r.samples]
-        completion_ids = [s.token_ids for r in rollouts for s in r.samples]
-        labels = [outcome_class(s) for s in statuses]
         heldout = [heldout_task(t, self.config.heldout_fraction) for t in task_ids]
         probs = self.actor.predict.remote(prompt_ids, completion_ids)  # an actor runs calls in order
         train = [(p, c, y) for p, c, y, held in zip(prompt_ids, completion_ids, labels, heldout, strict=True) if y is not None and not held]

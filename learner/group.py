@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import ray
 
-from coderloo.runtime import placement_options
+from common.placement import placement_options
 from learner.actor import Learner, Work
 from learner.batch import TrainSequence
+from learner.losses import LossConfig
 from learner.packing import deal_to_ranks, split_even
 
 
@@ -15,13 +16,13 @@ class LearnerGroup:
     Rank 0 is the weight source of the rollout group (the other ranks join ZeRO-3's gathers).
     """
 
-    def __init__(self, model_path: str, config, temperature: float, sft_lr: float | None = None, name: str | None = None):
+    def __init__(self, model_path: str, config, sft_lr: float | None = None, name: str | None = None):
         self.config = config
         self.sft_lr = sft_lr or config.lr
         n = config.num_ranks
         options = placement_options(1 if config.device == "cuda" else 0, config.resources)
         self.ranks = [
-            Learner.options(**options, name=f"coderloo-learner-{rank}-{name}" if name else None).remote(model_path, config, temperature, rank, n)
+            Learner.options(**options, name=f"coderloo-learner-{rank}-{name}" if name else None).remote(model_path, config, rank, n)
             for rank in range(n)
         ]
         addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
@@ -35,32 +36,31 @@ class LearnerGroup:
         work: list[Work] = [[] for _ in self.ranks]
         for mini in split_even(sequences, mini_batches):
             lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mini]
-            normalizer = float(sum(len(s.completion_ids) for s in mini)) if per_token else float(len(mini))
+            normalizer = float(sum(trained_tokens(s) for s in mini)) if per_token else float(len(mini))
             for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))):
                 work[rank].append(([[mini[i] for i in m] for m in micros], normalizer))
         return work
 
     # --- steps ---
 
-    def train_step(self, sequences: list[TrainSequence], kl_coef: float = 0.0, temperature: float | None = None) -> dict[str, float]:
-        """One RL step; `temperature` is the one the samples were drawn at (default: the configured one)."""
-        per_token = self.config.loss_aggregation == "token_mean"
-        work = self._deal(sequences, self.config.optimizer_steps, per_token)
-        results = ray.get([r.train_step.remote(w, kl_coef, temperature) for r, w in zip(self.ranks, work)])
+    def train_step(self, sequences: list[TrainSequence], loss: LossConfig) -> dict[str, float]:
+        """One RL step: the ranks apply `loss` to `sequences` (with their per-token advantages)."""
+        work = self._deal(sequences, self.config.optimizer_steps, per_token=loss.aggregation == "token_mean")
+        results = ray.get([r.train_step.remote(w, loss) for r, w in zip(self.ranks, work)])
         return merge_stats(results)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of next-token loss (token mean) on (prompt ids, completion ids) pairs."""
-        sequences = [TrainSequence(p, c, [0.0] * len(c), 0.0) for p, c in examples]
-        work = self._deal(sequences, 1, per_token=True)
+        work = self._deal([TrainSequence(p, c) for p, c in examples], 1, per_token=True)
         results = ray.get([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)])
         return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"]}
 
-    def sequence_kl(self, sequences: list[TrainSequence], temperature: float | None = None) -> list[float]:
+    def sequence_kl(self, sequences: list[TrainSequence], temperature: float) -> list[float]:
         """Per sequence, the summed KL estimate to the reference (for a KL penalty in the reward)."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
         dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))
-        results = ray.get([r.sequence_kl.remote([[sequences[i] for i in m] for m in micros], temperature) for r, micros in zip(self.ranks, dealt)])
+        results = ray.get([r.sequence_kl.remote([[sequences[i] for i in m] for m in micros], temperature, self.config.kl_estimator)
+                           for r, micros in zip(self.ranks, dealt)])
         out = [0.0] * len(sequences)
         for micros, values in zip(dealt, results):
             for m, vs in zip(micros, values):
@@ -74,9 +74,6 @@ class LearnerGroup:
     def weight_sources(self) -> list:
         """For RolloutGroup.connect: rank 0 sends; the others take part in ZeRO-3's gathers."""
         return self.ranks
-
-    def state_dicts(self) -> list[dict]:
-        return ray.get([r.state_dict.remote() for r in self.ranks])
 
     def save(self, path: str, with_state: bool = False) -> None:
         ray.get([r.save.remote(path, with_state) for r in self.ranks])
@@ -105,3 +102,7 @@ def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
     merged["sampler_logprob_diff_mean"] = merged.pop("sampler_logprob_diff_sum") / max(merged["tokens"], 1.0)
     merged["grad_norm"] = results[0]["grad_norm"]
     return merged
+
+
+def trained_tokens(sequence: TrainSequence) -> int:
+    return len(sequence.completion_ids) if sequence.mask is None else sum(sequence.mask)

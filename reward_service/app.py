@@ -20,18 +20,11 @@ from prometheus_client import (
 )
 from ray import serve
 
-from coderloo.tasksets.synthetic import synthetic_suite
-from coderloo.tasksets.task import Task, load_jsonl
 from reward_service.attribution import token_rewards
-from reward_service.schemas import (
-    Components,
-    Diagnostic,
-    ItemReward,
-    RewardRequest,
-    RewardResponse,
-    ServiceConfig,
-)
+from reward_service.config import ServiceConfig
+from reward_service.schemas import RewardRequest, RewardResponse
 from reward_service.scorer import RewardScorer, SandboxInfraError
+from reward_service.tasks import Task, load_jsonl
 from sandbox_pool import SandboxPool
 
 app = FastAPI(title="coderloo reward service", version="1")
@@ -68,17 +61,13 @@ class RewardService:
     def __init__(self, config: ServiceConfig):
         self.config = config
         app.state.max_body_bytes = config.max_body_bytes
-        self.tasks: dict[str, Task] = {}
-        if config.synthetic_tasks:
-            self.tasks.update((t.id, t) for split in synthetic_suite().values() for t in split)
-        for path in config.task_files:
-            self.tasks.update((t.id, t) for t in load_jsonl(path))
+        self.tasks: dict[str, Task] = {t.id: t for path in config.task_files for t in load_jsonl(path)}
         self.tokenizer = None
         if config.tokenizer_path:
-            from coderloo.models import load_tokenizer
+            from common.hf import load_tokenizer
 
             self.tokenizer = load_tokenizer(config.tokenizer_path)
-        self.pool = SandboxPool(**config.pool_settings().model_dump())
+        self.pool = SandboxPool(config.pool)
         self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights)
         self.metrics = Metrics()
 
@@ -102,20 +91,11 @@ class RewardService:
 
     def _score(self, request: RewardRequest, tasks: list[Task]) -> RewardResponse:
         rewards = self.scorer.score(tasks, [item.completion for item in request.items])
-        items = []
         for task, item, r in zip(tasks, request.items, rewards):
-            dense = None
             if item.completion_token_ids is not None:
-                dense = token_rewards(task, item.completion, r, item.completion_token_ids, self.tokenizer, self.config.weights)
-            problems = ([r.syntax_error] if r.syntax_error else []) + r.diagnostics
-            items.append(ItemReward(
-                components=Components(syntax=r.syntax, functionality=r.functionality, lint=r.lint, performance=r.performance),
-                total=r.total, passed=r.passed, status=r.status,
-                diagnostics=[Diagnostic(code=d.code, message=d.message, row=d.row, column=d.column) for d in problems],
-                feedback=r.feedback, token_rewards=dense,
-            ))
+                r.token_rewards = token_rewards(task, item.completion, r, item.completion_token_ids, self.tokenizer, self.config.weights)
             self.metrics.outcomes.labels(r.status.value).inc()
-        return RewardResponse(items=items)
+        return RewardResponse(items=rewards)
 
     async def score(self, request: RewardRequest) -> RewardResponse:
         """Score a batch (the handle's entry point). Scoring blocks on the pool: it runs in a thread

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
 
-from coderloo.tasksets.task import Task
-from reward_service.lint import Diagnostic
-from reward_service.scorer import Reward
+from reward_service.extract import extract
+from reward_service.schemas import Diagnostic, ItemReward
+from reward_service.tasks import Task
 from reward_service.weights import RewardWeights
 
 
@@ -19,32 +19,17 @@ def token_end_offsets(token_ids: list[int], tokenizer) -> list[int]:
     """The end of each token in the decoded completion, in characters.
 
     From the decoded text of the sampler's ids, not from re-tokenizing the text with offsets: the
-    sampler's ids need not be the ids the tokenizer would give the text. A fast tokenizer decodes
+    sampler's ids need not be the ids the tokenizer would give the text. The fast tokenizer decodes
     them as a stream, in one pass; a token that ends inside a multi-byte character adds nothing,
-    and the token that completes it adds the character. Where the stream's text is not the whole
-    decode (a decoder that cleans up across tokens), and for slow tokenizers, every prefix is
-    decoded instead (`prefix_end_offsets`: exact, but quadratic in the length): a token that ends
-    inside a multi-byte character then decodes to a replacement character, and the running
-    maximum keeps the ends in order.
+    and the token that completes it adds the character.
     """
-    whole = len(tokenizer.decode(token_ids, skip_special_tokens=True))
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        stream, ends, length = DecodeStream(skip_special_tokens=True), [], 0
-        for token in token_ids:
-            length += len(stream.step(backend, token) or "")
-            ends.append(length)
-        if length == whole:
-            return ends
-    return prefix_end_offsets(token_ids, tokenizer)
-
-
-def prefix_end_offsets(token_ids: list[int], tokenizer) -> list[int]:
-    """`token_end_offsets` by decoding every prefix: any tokenizer, quadratic in the length."""
-    ends, last = [], 0
-    for i in range(1, len(token_ids) + 1):
-        last = max(last, len(tokenizer.decode(token_ids[:i], skip_special_tokens=True)))
-        ends.append(last)
+    if backend is None:
+        raise ValueError(f"per-token rewards need a fast tokenizer; {type(tokenizer).__name__} is not one")
+    stream, ends, length = DecodeStream(skip_special_tokens=True), [], 0
+    for token in token_ids:
+        length += len(stream.step(backend, token) or "")
+        ends.append(length)
     return ends
 
 
@@ -62,29 +47,30 @@ def _completion_span(diag: Diagnostic, program: str, code_offset: int, code_star
 
 
 def token_rewards(
-    task: Task, completion: str, reward: Reward, token_ids: list[int], tokenizer, weights: RewardWeights
+    task: Task, completion: str, reward: ItemReward, token_ids: list[int], tokenizer, weights: RewardWeights
 ) -> list[float]:
     """One reward per completion token, aligned with `token_ids`."""
     ends = token_end_offsets(token_ids, tokenizer)
     spans = list(zip([0] + ends[:-1], ends))
-    ex = reward.extraction
+    ex = extract(completion, task.prompt_is_code, task.entry_point)
     code_tokens = [i for i, (s, e) in enumerate(spans) if e > s and s < ex.end and e > ex.start]
     out = [0.0] * len(token_ids)
     if not code_tokens:
         return out
+    c = reward.components
     shared = (
-        weights.syntax * reward.syntax + weights.functionality * reward.functionality
-        + weights.performance * (reward.performance or 0.0)
+        weights.syntax * c.syntax + weights.functionality * c.functionality + weights.performance * (c.performance or 0.0)
     ) / len(code_tokens)
     for i in code_tokens:
         out[i] = shared
 
     program = task.program(ex.code)
     code_offset = len(task.prompt) if task.prompt_is_code else 0
-    penalties = [(reward.syntax_error, weights.syntax)] if reward.syntax_error else []
-    if reward.diagnostics:
-        each = weights.lint * (reward.lint or 0.0) / len(reward.diagnostics)
-        penalties += [(d, each) for d in reward.diagnostics]
+    lint = [d for d in reward.diagnostics if d.code != "syntax"]
+    penalties = [(d, weights.syntax) for d in reward.diagnostics if d.code == "syntax"]
+    if lint:
+        each = weights.lint * (c.lint or 0.0) / len(lint)
+        penalties += [(d, each) for d in lint]
     for diag, penalty in penalties:
         start, end = _completion_span(diag, program, code_offset, ex.start)
         if end <= ex.start:

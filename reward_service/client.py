@@ -6,10 +6,11 @@ import time
 import ray
 from ray import serve
 
-from coderloo.runtime import free_port
-from coderloo.tasksets.task import Task
+from common.placement import free_port
+from reward_service.tasks import Task
 from reward_service.app import build_app
-from reward_service.schemas import ItemReward, RewardItem, RewardRequest, ServiceConfig
+from reward_service.config import ServiceConfig
+from reward_service.schemas import ItemReward, RewardItem, RewardRequest
 
 APP_NAME = "coderloo-rewards"
 RETRIES = 5

@@ -4,23 +4,12 @@ from __future__ import annotations
 import json
 import subprocess
 import warnings
-from dataclasses import dataclass
 
 from ruff.__main__ import find_ruff_bin
 
+from reward_service.schemas import Diagnostic
+
 RUFF = find_ruff_bin()
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """A problem at rows/columns of the program (1-based, columns in characters; end exclusive)."""
-
-    code: str
-    message: str
-    row: int
-    column: int
-    end_row: int
-    end_column: int
 
 
 def ruff_check(program: str, rules: list[str]) -> list[Diagnostic]:
@@ -36,8 +25,8 @@ def ruff_check(program: str, rules: list[str]) -> list[Diagnostic]:
         check=True,
     ).stdout
     return [
-        Diagnostic(d["code"], d["message"], d["location"]["row"], d["location"]["column"],
-                   d["end_location"]["row"], d["end_location"]["column"])
+        Diagnostic(code=d["code"], message=d["message"], row=d["location"]["row"], column=d["location"]["column"],
+                   end_row=d["end_location"]["row"], end_column=d["end_location"]["column"])
         for d in json.loads(out)
         if d["code"] and d["code"] != "invalid-syntax"
     ]
@@ -53,6 +42,7 @@ def syntax_error(program: str) -> Diagnostic | None:
     except SyntaxError as e:
         row, column = e.lineno or 1, e.offset or 1
         end_row, end_column = e.end_lineno or row, e.end_offset or column
-        return Diagnostic("syntax", e.msg, row, column, end_row, max(end_column, column + 1) if end_row == row else end_column)
+        end_column = max(end_column, column + 1) if end_row == row else end_column
+        return Diagnostic(code="syntax", message=e.msg, row=row, column=column, end_row=end_row, end_column=end_column)
     except (ValueError, RecursionError, MemoryError) as e:  # null bytes, too deep nesting: no position
-        return Diagnostic("syntax", str(e) or type(e).__name__, 1, 1, 1, 1)
+        return Diagnostic(code="syntax", message=str(e) or type(e).__name__, row=1, column=1, end_row=1, end_column=1)

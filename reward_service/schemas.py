@@ -1,23 +1,20 @@
-"""The HTTP (and handle) border of the reward service: requests, responses, the app's config."""
+"""The HTTP (and handle) border of the reward service: requests and responses."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from coderloo.tasksets.task import Task
-from reward_service.weights import RewardWeights
-from sandbox_pool import Limits, PoolSettings, Status
+from common.config import Section
+
+from reward_service.tasks import Task
+from sandbox_pool import Status
 
 MAX_COMPLETION_CHARS = 64_000
 MAX_TOKENS = 32_768
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RewardItem(Strict):
+class RewardItem(Section):
     task: Task | None = Field(None, description="The full task; or give task_id.")
     task_id: str | None = Field(None, min_length=1, description="Id of a task in the task sets the service was configured with.")
     completion: str = Field(max_length=MAX_COMPLETION_CHARS, description="The model's completion, as text.")
@@ -32,7 +29,7 @@ class RewardItem(Strict):
         return self
 
 
-class RewardRequest(Strict):
+class RewardRequest(Section):
     items: list[RewardItem] = Field(min_length=1, description="Completions to score (at most the service's max_batch).")
 
 
@@ -47,10 +44,17 @@ class Components(BaseModel):
 
 
 class Diagnostic(BaseModel):
-    code: str
+    """A problem at rows/columns of the program (1-based, columns in characters; end exclusive).
+    Rows count the prompt's lines too when the completion continues it."""
+
+    model_config = {"frozen": True}
+
+    code: str = Field(description="Ruff's rule code, or 'syntax' for the error that stops the program compiling.")
     message: str
-    row: int = Field(description="1-based row in the program (the prompt included when the completion continues it).")
+    row: int
     column: int
+    end_row: int
+    end_column: int
 
 
 class ItemReward(BaseModel):
@@ -68,52 +72,3 @@ class ItemReward(BaseModel):
 
 class RewardResponse(BaseModel):
     items: list[ItemReward]
-
-
-class AutoscalingSettings(Strict):
-    min_replicas: int = Field(1, ge=1)
-    max_replicas: int = Field(1, ge=1)
-    target_ongoing_requests: float = Field(2.0, gt=0, description="Requests in flight per replica that Serve aims for.")
-
-    @model_validator(mode="after")
-    def _order(self) -> "AutoscalingSettings":
-        if self.max_replicas < self.min_replicas:
-            raise ValueError("max_replicas must be at least min_replicas")
-        return self
-
-
-class ServiceConfig(Strict):
-    weights: RewardWeights = Field(default_factory=RewardWeights)
-    limits: Limits = Field(default_factory=Limits, description="Resource limits of each program run.")
-    sandbox_backend: Literal["process", "docker"] = Field(
-        "process", description="process: sandboxes forked from a warm fork server (no Docker needed); docker: warm "
-        "containers of the sandbox image (`make sandbox-image`).")
-    min_executors: int = Field(1, ge=0, description="Sandbox executor actors each replica's pool keeps when idle.")
-    max_executors: int | None = Field(
-        None, ge=1, description="Most executors a replica's pool grows to with its queue (default: 4, or "
-        "num_executors or min_executors where larger).")
-    num_executors: int | None = Field(
-        None, ge=0, description="Executors each replica starts with (between min and max; default min_executors).")
-    concurrency_per_executor: int = Field(
-        4, ge=1, description="Programs one executor runs at once; it asks Ray for as many units of the `sandbox` resource.")
-    executor_idle_s: float = Field(60.0, gt=0, description="An executor idle this long is removed (down to min_executors).")
-    synthetic_tasks: bool = Field(True, description="Look task ids up in the synthetic suite (all splits).")
-    task_files: list[str] = Field(default_factory=list, description="JSONL task files (the one task format) for task ids.")
-    tokenizer_path: str | None = Field(None, description="Tokenizer for per-token rewards (None: token ids are refused).")
-    max_batch: int = Field(256, ge=1, description="Most items in one request (more: 413).")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body (more: 413).")
-    replica_cpus: float = Field(0.5, gt=0, description="CPUs Ray reserves for each replica.")
-    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
-
-    @model_validator(mode="after")
-    def _pool(self) -> "ServiceConfig":
-        self.pool_settings()  # an inconsistent pool (min over max, say) fails with the config
-        return self
-
-    def pool_settings(self) -> PoolSettings:
-        return PoolSettings(
-            backend=self.sandbox_backend, min_executors=self.min_executors,
-            max_executors=self.max_executors or max(4, self.num_executors or 0, self.min_executors),
-            initial_executors=self.num_executors, concurrency_per_executor=self.concurrency_per_executor,
-            idle_s=self.executor_idle_s,
-        )

@@ -3,13 +3,14 @@ the pool, time it against the reference, weigh the components."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import ray
 
-from coderloo.tasksets.task import Task
 from reward_service.extract import Extraction, extract
-from reward_service.lint import Diagnostic, ruff_check, syntax_error
+from reward_service.lint import ruff_check, syntax_error
+from reward_service.schemas import Components, Diagnostic, ItemReward
+from reward_service.tasks import Task
 from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionResult, Limits, SandboxPool, Status
 
@@ -19,21 +20,6 @@ FEEDBACK_CHARS = 1_000  # the most execution feedback one reward carries (a clie
 
 class SandboxInfraError(RuntimeError):
     """The sandbox itself failed (not the program under test)."""
-
-
-@dataclass
-class Reward:
-    total: float
-    syntax: float  # 1.0 when the program compiles
-    functionality: float  # fraction of the tests passed
-    passed: bool  # every test passed
-    status: Status
-    lint: float | None = None  # penalty in [0, 1] (subtracted, weighted); None when lint is off
-    performance: float | None = None  # reference run time / this run time, capped at 1; None when off or unknown
-    extraction: Extraction | None = None
-    syntax_error: Diagnostic | None = None
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    feedback: str = ""  # execution_feedback of the run; empty when it passed
 
 
 @dataclass(frozen=True)
@@ -67,8 +53,8 @@ def execution_feedback(task: Task, result: ExecutionResult) -> str:
 def did_not_compile(task: Task, error: Diagnostic) -> ExecutionResult:
     """The sandbox's answer to a program that does not compile, given without running it: the
     sandbox's first step is the same `compile`, and its tests never run after a failed one."""
-    return ExecutionResult(status=Status.syntax_error, tests=[], num_tests=len(task.tests), duration_s=0.0,
-                           detail=f"SyntaxError: {error.message} (line {error.row}, column {error.column})")
+    return ExecutionResult.build(len(task.tests), Status.syntax_error,
+                                 f"SyntaxError: {error.message} (line {error.row}, column {error.column})")
 
 
 class RewardScorer:
@@ -122,10 +108,10 @@ class RewardScorer:
         return min(1.0, reference / max(result.duration_s, 1e-6))
 
     def reward(
-        self, analysis: Analysis, result: ExecutionResult, diagnostics: list[Diagnostic] | None,
-        performance: float | None = None,
-    ) -> Reward:
+        self, task: Task, analysis: Analysis, result: ExecutionResult, diagnostics: list[Diagnostic] | None
+    ) -> ItemReward:
         w = self.weights
+        performance = self.performance(task, result)
         syntax = 0.0 if analysis.syntax_error else 1.0
         functionality = result.fraction_passed
         lint = None if diagnostics is None else min(len(diagnostics), w.lint_saturation) / w.lint_saturation
@@ -133,22 +119,24 @@ class RewardScorer:
             w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0)
             + w.performance * (performance or 0.0)
         )
-        return Reward(
-            total, syntax, functionality, result.status == Status.passed, result.status,
-            lint, performance, analysis.extraction, analysis.syntax_error, diagnostics or [],
+        return ItemReward(
+            components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance),
+            total=total, passed=result.status == Status.passed, status=result.status,
+            diagnostics=([analysis.syntax_error] if analysis.syntax_error else []) + (diagnostics or []),
+            feedback=execution_feedback(task, result), token_rewards=None,
         )
 
-    def score(self, tasks: list[Task], completions: list[str]) -> list[Reward]:
-        """Rewards of each pair. A sandbox failure is retried once, then raised: scoring a broken
-        sandbox's results as failed programs would silently train the policy on noise."""
+    def score(self, tasks: list[Task], completions: list[str]) -> list[ItemReward]:
+        """Rewards of each pair. A sandbox failure raises (the pool has already run the request
+        again on another executor): scoring a broken sandbox's results as failed programs would
+        silently train the policy on noise."""
         analyses = [analyse(t, c) for t, c in zip(tasks, completions, strict=True)]
-        programs = [a.program for a in analyses]
         # A program that does not compile cannot pass: it is answered here, not sent to the pool
         # (early in training most samples are such programs).
         results: list[ExecutionResult | None] = [did_not_compile(t, a.syntax_error) if a.syntax_error else None
-                                          for t, a in zip(tasks, analyses)]
+                                                 for t, a in zip(tasks, analyses)]
         runnable = [i for i, r in enumerate(results) if r is None]
-        refs = self.submit([tasks[i] for i in runnable], [programs[i] for i in runnable])
+        refs = self.submit([tasks[i] for i in runnable], [analyses[i].program for i in runnable])
         references = self._time_references(tasks)
         diagnostics = self._lint(analyses)  # while the pool runs the programs
         for i, result in zip(runnable, ray.get(refs)):
@@ -159,19 +147,8 @@ class RewardScorer:
                 self._reference_s[task_id] = timed.duration_s
         broken = [i for i, r in enumerate(results) if r.status == Status.infra_error]
         if broken:
-            retried = ray.get(self.submit([tasks[i] for i in broken], [programs[i] for i in broken]))
-            for i, result in zip(broken, retried):
-                results[i] = result
-            still = [i for i in broken if results[i].status == Status.infra_error]
-            if still:
-                raise SandboxInfraError(
-                    f"{len(still)} of {len(results)} programs hit a sandbox failure twice; "
-                    f"first: task {tasks[still[0]].id}: {results[still[0]].detail}"
-                )
-        rewards = [
-            self.reward(a, r, d, self.performance(t, r))
-            for t, a, r, d in zip(tasks, analyses, results, diagnostics)
-        ]
-        for task, reward, result in zip(tasks, rewards, results):
-            reward.feedback = execution_feedback(task, result)
-        return rewards
+            raise SandboxInfraError(
+                f"{len(broken)} of {len(results)} programs hit a sandbox failure; "
+                f"first: task {tasks[broken[0]].id}: {results[broken[0]].detail}"
+            )
+        return [self.reward(t, a, r, d) for t, a, r, d in zip(tasks, analyses, results, diagnostics)]

@@ -1,5 +1,4 @@
-"""How the reward components are weighed into one number (the service's own schema; the trainer's
-RewardConfig maps onto it)."""
+"""How the reward components are weighed into one number (`reward.weights` in the config)."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

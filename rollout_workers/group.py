@@ -3,37 +3,35 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import ray
 
+from common.weight_sync import WeightSyncError, WeightSyncTimeout
+from rollout_workers.config import WeightSyncConfig
 from rollout_workers.types import GenerationParams, PromptRollout
-from rollout_workers.weight_sync import WeightSyncError, WeightSyncTimeout
-
-
-@dataclass(frozen=True)
-class SyncSettings:
-    transport: str = "gloo"  # "gloo" (CPU, TCP) or "nccl" (GPU)
-    bucket_bytes: int = 32 << 20
-    timeout_s: float = 120.0
+from rollout_workers.worker import StaleWeightsError
 
 
 class RolloutGroup:
     """Rollout worker actors behind one interface.
 
-    `submit` splits a step's prompts into one chunk per worker and sends each chunk to the worker
-    with the fewest prompts in flight, all at once (each engine batches its chunk continuously).
+    `generate_each` splits a step's prompts into one chunk per worker and sends each chunk to the
+    worker with the fewest prompts in flight, all at once (each engine batches its chunk
+    continuously), and hands each prompt's samples on as soon as they are finished. A worker that
+    dies meanwhile is survived here, and only here: Ray restarts it, `recover` brings it back with
+    the current weights, and what it had not finished is generated again.
     `push` broadcasts the sender's weights into every engine under a new, increasing version.
 
     The weight sources are actors with the methods of `WeightSource` (the learner's ranks): the
     first one sends; the others only take part in gathering the weights (ZeRO-3).
     """
 
-    def __init__(self, workers: list, sync: SyncSettings | None = None):
+    def __init__(self, workers: list, sync: WeightSyncConfig | None = None):
         if not workers:
             raise ValueError("a rollout group needs at least one worker")
         self.workers = list(workers)
-        self.sync = sync or SyncSettings()
+        self.sync = sync or WeightSyncConfig()
         self.version = 0
         self._inflight: list[dict[ray.ObjectRef, int]] = [{} for _ in self.workers]
         self._sources: list = []
@@ -54,36 +52,71 @@ class RolloutGroup:
                 del pending[ref]
         return sum(pending.values())
 
-    def _dispatch(self, prompts: list[str], params: GenerationParams, seed: int | None, method: str) -> list[tuple[int, object]]:
-        """One chunk per worker, each to the least-loaded worker: [(offset of the chunk, ref)].
-        With `seed`, chunk i is sampled with seed + i, whichever worker takes it."""
+    def stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[tuple[int, object]]:
+        """Start generation for `prompts`, one chunk per worker, each to the least-loaded worker:
+        [(offset of the chunk, a generator of refs to (index within the chunk, PromptRollout) in
+        the order the prompts finish)]. With `seed`, chunk i is sampled with seed + i, whichever
+        worker takes it."""
         share = -(-len(prompts) // len(self.workers))
         out = []
         with self._dispatch_lock:
             for i, start in enumerate(range(0, len(prompts), share)):
                 chunk = prompts[start : start + share]
                 index = min(range(len(self.workers)), key=self.load)
-                chunk_seed = None if seed is None else seed + i
-                if method == "generate_stream":
-                    call = self.workers[index].generate_stream.options(num_returns="streaming")
-                    ref = call.remote(chunk, params, chunk_seed, self.version)
-                else:
-                    ref = self.workers[index].generate.remote(chunk, params, chunk_seed)
+                call = self.workers[index].generate_stream.options(num_returns="streaming")
+                ref = call.remote(chunk, params, None if seed is None else seed + i, self.version)
                 self._inflight[index][ref] = len(chunk)
                 out.append((start, ref))
         return out
 
-    def submit(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[ray.ObjectRef]:
-        """Start generation for `prompts`; one ref per chunk, in prompt order."""
-        return [ref for _, ref in self._dispatch(prompts, params, seed, "generate")]
+    def generate_each(self, prompts: list[str], params: GenerationParams, seed: int | None,
+                      done: Callable[[int, PromptRollout], None]) -> int:
+        """Generate for `prompts`, calling `done(index, rollout)` (from a thread of this group) as
+        each prompt's samples finish. Returns how many times a worker died and the prompts it
+        had not finished were generated again (with another seed: a redo draws other samples
+        than the lost ones, reproducibly)."""
+        finished: set[int] = set()
+        errors: list[BaseException] = []
+        redos = 0
 
-    def stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[tuple[int, object]]:
-        """Start generation for `prompts`: [(offset of a chunk, a generator of refs to
-        (index within the chunk, PromptRollout) in the order the groups finish)]."""
-        return self._dispatch(prompts, params, seed, "generate_stream")
+        def consume(indices: list[int], generator) -> None:
+            try:
+                for ref in generator:
+                    local, rollout = ray.get(ref)
+                    done(indices[local], rollout)
+                    finished.add(indices[local])
+            except ray.exceptions.RayActorError:
+                pass  # the worker died: what did not arrive is generated again
+            except ray.exceptions.RayTaskError as e:
+                if not isinstance(e.cause, StaleWeightsError):  # else Ray restarted it with initial weights
+                    errors.append(e)
+            except BaseException as e:
+                errors.append(e)
+
+        todo = list(range(len(prompts)))
+        while todo:
+            redo_seed = None if seed is None else seed + 7919 * redos
+            consumers = [
+                threading.Thread(target=consume, args=(todo[offset:], generator), daemon=True)
+                for offset, generator in self.stream([prompts[i] for i in todo], params, redo_seed)
+            ]
+            for c in consumers:
+                c.start()
+            for c in consumers:
+                c.join()
+            if errors:
+                raise errors[0]
+            todo = [i for i in todo if i not in finished]
+            if todo:  # a worker died: wait for it to come back with the current weights
+                redos += 1
+                self.recover()
+        return redos
 
     def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
-        return [rollout for chunk in ray.get(self.submit(prompts, params, seed)) for rollout in chunk]
+        """Samples for `prompts`, in order (see `generate_each`)."""
+        out: list[PromptRollout | None] = [None] * len(prompts)
+        self.generate_each(prompts, params, seed, out.__setitem__)
+        return out
 
     # --- weights ---
 
@@ -98,7 +131,7 @@ class RolloutGroup:
         self._wait(refs, "joining the weight-sync group")
         self._plan = ray.get([source.weight_plan.remote(s.bucket_bytes) for source in sources])[0]
         self._sources = list(sources)
-        self._pids = ray.get([w.pid.remote() for w in self.workers])
+        self._pids = [p for p, _ in ray.get([w.status.remote() for w in self.workers])]
         self._healthy = True
 
     def recover(self) -> None:
@@ -112,7 +145,7 @@ class RolloutGroup:
             pids = None
             while pids is None:
                 try:
-                    pids = ray.get([w.pid.remote() for w in self.workers], timeout=self.sync.timeout_s)
+                    pids = [p for p, _ in ray.get([w.status.remote() for w in self.workers], timeout=self.sync.timeout_s)]
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     if time.time() > deadline:
                         raise WeightSyncTimeout(f"rollout workers did not come back within {self.sync.timeout_s:.0f} s") from None

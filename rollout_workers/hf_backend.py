@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
-from rollout_workers.weight_sync import (
+from common.weight_sync import (
     BucketPlan,
     Receiver,
     WeightSyncError,
@@ -16,7 +16,7 @@ from rollout_workers.weight_sync import (
 
 class TransformersBackend:
     def __init__(self, model_path: str, seed: int = 0):
-        from coderloo.models import load_causal_lm, load_tokenizer
+        from common.hf import load_causal_lm, load_tokenizer
 
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_causal_lm(model_path).eval()

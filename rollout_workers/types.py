@@ -1,7 +1,11 @@
-"""Types that cross the rollout workers' border."""
+"""Types that cross the rollout workers' border: what to sample, what the engine sampled, and the
+trajectories a rollout strategy makes of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from reward_service.schemas import ItemReward
+from reward_service.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class Sample:
     """One completion: the sampled tokens, the sampler's logprob of each, and the policy version."""
 
     token_ids: list[int]
-    logprobs: list[float]
+    sampler_logprobs: list[float]
     text: str
     finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
     policy_version: int
@@ -40,3 +44,63 @@ class Sample:
 class PromptRollout:
     prompt_ids: list[int]
     samples: list[Sample]
+
+
+@dataclass
+class Turn:
+    """One turn of a trajectory: the context the policy saw, the tokens that followed it, and
+    what the turn earned. `policy_mask` marks the tokens the policy produced (an environment's
+    tokens inside a turn, such as a tool's output, are not trained on); the sampler's logprob of
+    a token it did not produce is 0."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    sampler_logprobs: list[float]
+    policy_mask: list[bool]
+    policy_version: int
+    text: str
+    reward: ItemReward | None = None
+
+    @classmethod
+    def of(cls, prompt_ids: list[int], sample: Sample, reward: ItemReward | None) -> Turn:
+        """A turn that is one sample of the policy, all of it the policy's."""
+        return cls(prompt_ids, sample.token_ids, sample.sampler_logprobs, [True] * len(sample.token_ids),
+                   sample.policy_version, sample.text, reward)
+
+
+@dataclass
+class Trajectory:
+    """What a rollout strategy made of one sample of a task: its turns and its outcome (the reward
+    that RLOO compares among the k trajectories of the task)."""
+
+    task: Task
+    turns: list[Turn]
+    outcome: ItemReward
+
+
+@dataclass
+class Rollouts:
+    """A strategy's answer for a step's tasks: k trajectories per task (task-major), and what it
+    measured on the way (timings, per-round pass rates)."""
+
+    groups: list[list[Trajectory]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def trajectories(self) -> list[Trajectory]:
+        return [t for group in self.groups for t in group]
+
+    def summary(self, version: int) -> dict[str, float]:
+        """What the trajectories were: their outcomes, the policy's tokens per trajectory, and how
+        many policy versions behind `version` their turns were sampled."""
+        trajectories = self.trajectories()
+        outcomes = [t.outcome for t in trajectories]
+        staleness = [version - turn.policy_version for t in trajectories for turn in t.turns]
+        return {
+            "reward_mean": sum(r.total for r in outcomes) / len(outcomes),
+            "pass_rate": sum(r.passed for r in outcomes) / len(outcomes),
+            "syntax_rate": sum(r.components.syntax for r in outcomes) / len(outcomes),
+            "completion_tokens_mean": sum(sum(turn.policy_mask) for t in trajectories for turn in t.turns) / len(trajectories),
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": max(staleness),
+            "samples": len(trajectories),
+        }

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
-from rollout_workers.weight_sync import BucketPlan, Receiver, open_group
+from common.weight_sync import BucketPlan, Receiver, open_group
 
 
 class VLLMBackend:
@@ -64,9 +64,9 @@ class VLLMBackend:
         samples = []
         for c in out.outputs:
             ids = list(c.token_ids)
-            logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
+            sampler_logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
             finish = "length" if c.finish_reason == "length" else "stop"  # EOS or a stop sequence
-            samples.append(Sample(ids, logprobs, c.text, finish, version))
+            samples.append(Sample(ids, sampler_logprobs, c.text, finish, version))
         return PromptRollout(list(out.prompt_token_ids), samples)
 
     def join_weight_group(self, *args) -> None:

@@ -6,9 +6,9 @@ import os
 import ray
 import torch
 
-from coderloo.runtime import placement_options
-from rollout_workers.types import GenerationParams, PromptRollout
-from rollout_workers.weight_sync import BucketPlan
+from common.placement import placement_options
+from common.weight_sync import BucketPlan
+from rollout_workers.types import GenerationParams
 
 
 class StaleWeightsError(RuntimeError):
@@ -35,15 +35,10 @@ class RolloutWorker:
             raise ValueError(f"unknown rollout backend {backend!r}: expected 'vllm' or 'transformers'")
         self.version = 0
 
-    def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
-        """Samples for `prompts`, in order; with `seed`, the engine's generator is reseeded first,
-        so that the same weights, prompts and seed give the same samples whatever ran before."""
-        done = dict(self.generate_stream(prompts, params, seed))
-        return [done[i] for i in range(len(prompts))]
-
     def generate_stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None, min_version: int = 0):
-        """As `generate`, but yields (index, rollout) as each prompt's samples finish (call with
-        .options(num_returns="streaming")).
+        """Samples for `prompts`: yields (index, rollout) as each prompt's samples finish (call
+        with .options(num_returns="streaming")). With `seed`, the engine's generator is reseeded
+        first, so that the same weights, prompts and seed give the same samples whatever ran before.
 
         Raises StaleWeightsError if this worker holds weights older than `min_version`: a worker
         that Ray restarted has its initial weights until the group brings it back.
@@ -70,17 +65,13 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def pid(self) -> int:
-        """This incarnation's process id (a restarted actor has a new one)."""
-        return os.getpid()
-
-    def get_version(self) -> int:
-        return self.version
+    def status(self) -> tuple[int, int]:
+        """This incarnation's process id (a restarted actor has a new one) and weights version."""
+        return os.getpid(), self.version
 
 
 def start_workers(model_path: str, settings, seed: int, run: str | None = None) -> list:
-    """`settings.num_workers` workers placed and configured by `settings` (coderloo.config's
-    RolloutConfig): its GPUs, custom resources and engine options. With `run`, each is named
+    """`settings.num_workers` workers placed and configured by `settings` (a RolloutConfig): its GPUs, custom resources and engine options. With `run`, each is named
     `coderloo-rollout-<i>-<run>`. Ray restarts a worker that dies; RolloutGroup.recover brings it
     back into the weight group."""
     return [

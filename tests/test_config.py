@@ -99,7 +99,7 @@ def test_engine_options_and_placement_fields():
 
 
 def test_placement_options_leave_ray_defaults_alone():
-    from coderloo.runtime import placement_options
+    from common.placement import placement_options
 
     # no option at all: the actor holds no CPU while it runs (2 cores fit learner + worker + replica)
     assert placement_options(0, {}) == {}

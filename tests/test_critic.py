@@ -2,28 +2,34 @@
 (tiny model, Ray actor) learning outcome classes of programs the sandbox scored."""
 from __future__ import annotations
 
-import asyncio
 import itertools
 import random
 
 import numpy as np
 import pytest
 
-from coderloo.config import ConfigError, CriticConfig, load_config
+from coderloo.config import ConfigError, load_config
+from coderloo.controller import critic_label
 from coderloo.evaluation import pass_rate_of_pick, vote_scores
-from learner.critic import OUTCOMES, CriticStep, OnlineCritic, accuracy, auc, heldout_task, outcome_class
-from rollout_workers import PromptRollout, Sample
-from sandbox_pool import ExecutionRequest, Status, execute
+from learner.config import CriticConfig
+from learner.critic import OUTCOMES, CriticStep, OnlineCritic, accuracy, auc, heldout_task
+from reward_service.schemas import Components, ItemReward
+from sandbox_pool import ExecutionRequest, PoolSettings, SandboxPool, Status
 
 
-def test_outcome_classes_cover_every_status():
+def scored(status: Status) -> ItemReward:
+    return ItemReward(components=Components(syntax=1.0, functionality=0.0, lint=None, performance=None), total=0.0,
+                      passed=status is Status.passed, status=status, diagnostics=[], token_rewards=None)
+
+
+def test_critic_labels_cover_every_status():
     for status in Status:
-        label = outcome_class(status)
+        label = critic_label(scored(status))
         assert (label is None) == (status is Status.infra_error)  # the sandbox failed: no label
-        assert outcome_class(status.value) == label  # as it crosses a JSON border
+        assert critic_label(ItemReward.model_validate_json(scored(status).model_dump_json())) == label  # across a JSON border
     # each of CodeRL's classes is the status of that name; out of time or memory is a runtime error
-    assert [outcome_class(Status(name)) for name in OUTCOMES] == list(range(len(OUTCOMES)))
-    assert outcome_class(Status.timeout) == outcome_class(Status.memory_exceeded) == OUTCOMES.index("runtime_error")
+    assert [critic_label(scored(Status(name))) for name in OUTCOMES] == list(range(len(OUTCOMES)))
+    assert critic_label(scored(Status.timeout)) == critic_label(scored(Status.memory_exceeded)) == OUTCOMES.index("runtime_error")
 
 
 def pair_count_auc(scores, positive) -> float:
@@ -98,14 +104,12 @@ def labelled_programs(tasks):
         raising = right + ("\n\nsolve(None)\n" if i % 2 else "\n\nassert solve.missing\n")
         completions.append([right, syntax, raising, wrong])
 
-    async def run():
-        return await asyncio.gather(*[
-            execute(ExecutionRequest(program=t.program(c), tests=t.tests))
-            for t, cs in zip(tasks, completions) for c in cs
-        ])
-
-    statuses = [r.status for r in asyncio.run(run())]
-    return completions, statuses
+    pool = SandboxPool(PoolSettings(initial_executors=2))
+    try:
+        results = pool.run([ExecutionRequest(program=t.program(c), tests=t.tests) for t, cs in zip(tasks, completions) for c in cs])
+    finally:
+        pool.shutdown()
+    return completions, [r.status for r in results]
 
 
 def test_critic_learns_outcome_classes_of_unseen_tasks(ray_cluster, tiny_model):
@@ -114,24 +118,22 @@ def test_critic_learns_outcome_classes_of_unseen_tasks(ray_cluster, tiny_model):
     step's update, after 90 optimizer steps) must beat chance by far: accuracy 0.25, AUC 0.5.
     Passed and failed programs differ only in their constants, which the tiny critic does not
     learn to check against the docstring in so few steps: it reaches 0.68 and 0.83 here."""
-    from coderloo.models import load_tokenizer
+    from common.hf import load_tokenizer
     from coderloo.tasksets.synthetic import synthetic_suite
 
     tasks = random.Random(0).sample(synthetic_suite()["train"], 100)
     completions, statuses = labelled_programs(tasks)
-    labels = np.array([outcome_class(s) for s in statuses])
+    labels = [critic_label(scored(s)) for s in statuses]
     assert np.bincount(labels, minlength=4).min() >= 80  # each class well represented
     tokenizer = load_tokenizer(tiny_model)
-    rollouts = [
-        PromptRollout(tokenizer(t.prompt)["input_ids"],
-                      [Sample(tokenizer(c)["input_ids"], [], c, "stop", 0) for c in cs])
-        for t, cs in zip(tasks, completions)
-    ]
+    task_ids = [t.id for t, cs in zip(tasks, completions) for _ in cs]
+    prompt_ids = [tokenizer(t.prompt)["input_ids"] for t, cs in zip(tasks, completions) for _ in cs]
+    completion_ids = [tokenizer(c)["input_ids"] for cs in completions for c in cs]
     config = CriticConfig(enabled=True, lr=1e-3, steps_per_rl_step=30, batch_size=32, heldout_fraction=0.3, threads=2)
     critic = OnlineCritic(str(tiny_model), config, seed=0)
     try:
         for _ in range(4):
-            step = critic.observe(tasks, rollouts, statuses)
+            step = critic.observe(task_ids, prompt_ids, completion_ids, labels)
             metrics = step.metrics()
         print(f"held-out accuracy {metrics['critic_accuracy']:.2f}, AUC {metrics['critic_auc']:.2f}")
         assert 80 <= metrics["critic_heldout_samples"] <= 160

@@ -3,9 +3,9 @@ import random
 
 import pytest
 
-from coderloo.controller import TemperatureSchedule
 from coderloo.curriculum import Curriculum, CurriculumConfig
-from coderloo.tasksets.task import Task
+from reward_service.tasks import Task
+from rollout_workers.config import RolloutConfig
 
 
 def task(name: str, difficulty: int) -> Task:
@@ -45,21 +45,22 @@ def test_state_round_trips():
 
 
 def test_temperature_schedule():
-    s = TemperatureSchedule(1.0, [(1, 0.9), (101, 0.1)])
-    assert s(1) == pytest.approx(0.9) and s(51) == pytest.approx(0.5) and s(500) == pytest.approx(0.1)
-    assert TemperatureSchedule(0.7, None)(10) == 0.7
+    s = RolloutConfig(temperature=1.0, temperature_schedule=[(10, 0.9), (110, 0.1)]).temperature_at
+    assert s(10) == pytest.approx(0.9) and s(60) == pytest.approx(0.5) and s(500) == pytest.approx(0.1)
+    assert s(1) == pytest.approx(0.9)  # before the first point: its temperature
+    assert RolloutConfig(temperature=0.7).temperature_at(10) == 0.7
 
 
 def test_group_replay_samples_by_priority_and_forgets_the_oldest():
-    from coderloo.controller import GroupReplay
     from learner.batch import TrainSequence
+    from learner.replay import GroupReplay
 
     def group(a):
-        return [TrainSequence([1], [2], [0.0], a), TrainSequence([1], [3], [0.0], -a)]
+        return [TrainSequence([1], [2], [0.0], [a]), TrainSequence([1], [3], [0.0], [-a])]
 
     replay = GroupReplay(groups_per_step=1, capacity=2)
     assert replay.reuse([group(5.0), group(1e-4)]) == []  # nothing stored yet
-    picks = [replay.reuse([])[0].advantage for _ in range(200)]
+    picks = [replay.reuse([])[0].advantages[0] for _ in range(200)]
     assert picks.count(5.0) > 150  # priority 5 against 1e-4
     replay.reuse([group(2.0)])  # capacity 2: the first group is overwritten
     assert sorted(replay.store) == [1, 2]

@@ -25,9 +25,8 @@ def test_eval_on_every_benchmark_set(ray_cluster, shared_data, tmp_path, capsys)
     assert report["model"] == str(model) and list(report["sets"]) == SETS
     for name, result in report["sets"].items():
         assert result["tasks"] == 3, name
-        for metric in ("pass@1", "pass@2", "greedy_pass@1"):
-            assert 0.0 <= result[metric] <= 1.0, (name, metric)
-        assert result["pass@1"] == 0.0  # an untrained model passes nothing
+        assert {"pass@1", "pass@2", "greedy_pass@1"} <= set(result), name
+        assert result["pass@1"] == result["pass@2"] == result["greedy_pass@1"] == 0.0  # an untrained model passes nothing
     printed = capsys.readouterr().out
     assert results_table(report["sets"]) in printed
     assert "| humaneval+ " in printed

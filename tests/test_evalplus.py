@@ -19,7 +19,7 @@ import pytest
 from coderloo.tasksets import evalplus_oracle as oracle
 from coderloo.tasksets.evalplus import file_sha256, left_out, load_evalplus
 from coderloo.tasksets.evalsets import EVAL_SETS, load_eval_set
-from coderloo.tasksets.task import Task, TaskFileError
+from reward_service.tasks import Task, TaskFileError
 
 FULL = os.environ.get("CODERLOO_EVALPLUS_FULL") == "1"
 PLUS_LIMIT = None if FULL else 25
@@ -180,9 +180,9 @@ def _failing_references(pool, tasks: list[Task], limits) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def sandbox(ray_cluster):
-    from sandbox_pool import SandboxPool
+    from sandbox_pool import PoolSettings, SandboxPool
 
-    pool = SandboxPool(min_executors=2, max_executors=2, concurrency_per_executor=2)
+    pool = SandboxPool(PoolSettings(min_executors=2, max_executors=2, concurrency_per_executor=2))
     yield pool
     pool.shutdown()
 

@@ -4,38 +4,49 @@ import pytest
 import ray
 import torch
 
-from coderloo.config import LearnerConfig
 from coderloo.controller import sft_examples
-from coderloo.models import load_causal_lm, load_tokenizer
 from coderloo.tasksets.synthetic import synthetic_suite
+from common.hf import load_causal_lm, load_tokenizer
 from learner.batch import TrainSequence
+from learner.config import LearnerConfig
 from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker
 
 
 def batch(tiny_model, count=8):
     examples = sft_examples(synthetic_suite()["train"][:count], load_tokenizer(tiny_model))
-    sequences = [TrainSequence(p, c, [-1.0] * len(c), 1.0 if i % 2 else -1.0) for i, (p, c) in enumerate(examples)]
+    sequences = [TrainSequence(p, c, [-1.0] * len(c), [1.0 if i % 2 else -1.0] * len(c)) for i, (p, c) in enumerate(examples)]
     return examples, sequences
 
 
+def loss(config: LearnerConfig):
+    return config.loss_config(step=1, temperature=1.0)
+
+
+def saved_weights(learner: LearnerGroup, path) -> dict[str, torch.Tensor]:
+    """The policy as the learner publishes it (rank 0's whole weights, in Hugging Face format)."""
+    learner.save(str(path))
+    model = load_causal_lm(path)
+    return {**model.state_dict(), "lm_head.weight": model.get_output_embeddings().weight}
+
+
 @pytest.mark.parametrize("stage", [1, 3])
-def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, stage):
+def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, tmp_path, stage):
     config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256)
-    learner = LearnerGroup(str(tiny_model), config, 1.0, sft_lr=1e-3)
+    learner = LearnerGroup(str(tiny_model), config, sft_lr=1e-3)
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
     try:
         examples, sequences = batch(tiny_model)
         stats = learner.sft_step(examples)
         assert stats["grad_norm"] > 0 and stats["sft_loss"] > 0
-        stats = learner.train_step(sequences, kl_coef=0.1)
+        stats = learner.train_step(sequences, loss(config))
         assert stats["grad_norm"] > 0 and "kl" in stats
-        published = learner.state_dicts()[0]
+        published = saved_weights(learner, tmp_path / "published")
         # The push gathers whole weights too: the worker checks every bucket's sum on arrival.
         group = RolloutGroup([worker])
         group.connect(learner.weight_sources)
         group.push()
-        assert ray.get(worker.get_version.remote()) == 1
+        assert ray.get(worker.status.remote())[1] == 1
     finally:
         learner.kill()
         ray.kill(worker)
@@ -47,44 +58,48 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
     assert torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
 
 
-def test_two_ranks_zero2_stay_identical_and_match_one_rank(ray_cluster, tiny_model):
-    """Two data-parallel ranks (gloo, ZeRO-2) after three steps: the same weights on both ranks,
-    and the same weights as one rank given the whole batch (the loss normalizer spans ranks)."""
+def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
+    """Two data-parallel ranks (gloo, ZeRO-2) after three steps: the same weights as one rank
+    given the whole batch (the loss normalizer spans ranks). ZeRO-2 gathers every parameter from
+    the rank that updated it, so rank 0's weights stand for both."""
     _, sequences = batch(tiny_model, count=12)
     results = {}
     for ranks in (2, 1):
         config = LearnerConfig(num_ranks=ranks, zero_stage=2, optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=200)
-        learner = LearnerGroup(str(tiny_model), config, 1.0)
+        learner = LearnerGroup(str(tiny_model), config)
         try:
             for _ in range(3):
-                stats = learner.train_step(sequences)
-            results[ranks] = (learner.state_dicts(), stats)
+                stats = learner.train_step(sequences, loss(config))
+            results[ranks] = (saved_weights(learner, tmp_path / f"ranks{ranks}"), stats)
         finally:
             learner.kill()
-    (rank0, rank1), stats2 = results[2]
-    (single,), stats1 = results[1]
+    rank0, stats2 = results[2]
+    single, stats1 = results[1]
     initial = load_causal_lm(tiny_model).state_dict()
     for name in initial:
-        assert torch.equal(rank0[name], rank1[name]), f"{name} differs between ranks"
         assert torch.allclose(rank0[name], single[name], atol=1e-5), f"{name}: 2 ranks differ from 1 rank"
     assert any(not torch.allclose(rank0[n], initial[n]) for n in initial)
     assert stats2["tokens"] == stats1["tokens"]  # the two ranks together saw every token once
 
 
-def test_token_advantages_reach_the_loss(ray_cluster, tiny_model):
-    """Per-token advantages replace the sequence's: all zero, nothing moves although every sequence
-    has an advantage of +-1; one non-zero token moves the weights."""
+def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, tmp_path):
+    """All advantages zero: nothing moves; one non-zero advantage on a masked token (not the
+    policy's): nothing moves either; the same advantage on a token of the policy's moves the weights."""
     _, sequences = batch(tiny_model, count=4)
-    learner = LearnerGroup(str(tiny_model), LearnerConfig(optimizer_steps=1), 1.0)
+    config = LearnerConfig(optimizer_steps=1)
+    learner = LearnerGroup(str(tiny_model), config)
     try:
-        initial = learner.state_dicts()[0]
+        initial = saved_weights(learner, tmp_path / "initial")
         for seq in sequences:
-            seq.token_advantages = [0.0] * len(seq.completion_ids)
-        assert learner.train_step(sequences)["grad_norm"] == 0.0
-        unchanged = learner.state_dicts()[0]
-        sequences[0].token_advantages[0] = 1.0
-        assert learner.train_step(sequences)["grad_norm"] > 0
-        changed = learner.state_dicts()[0]
+            seq.advantages = [0.0] * len(seq.completion_ids)
+        assert learner.train_step(sequences, loss(config))["grad_norm"] == 0.0
+        sequences[0].advantages[0] = 1.0
+        sequences[0].mask = [False] + [True] * (len(sequences[0].completion_ids) - 1)
+        assert learner.train_step(sequences, loss(config))["grad_norm"] == 0.0
+        unchanged = saved_weights(learner, tmp_path / "unchanged")
+        sequences[0].mask = None
+        assert learner.train_step(sequences, loss(config))["grad_norm"] > 0
+        changed = saved_weights(learner, tmp_path / "changed")
     finally:
         learner.kill()
     assert all(torch.equal(unchanged[n], initial[n]) for n in initial)

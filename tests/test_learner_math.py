@@ -5,8 +5,18 @@ import torch
 from learner.advantages import rloo_advantages, whiten
 from learner.batch import TrainSequence, pack
 from learner.packing import deal_to_ranks, pack_by_tokens, split_even
-from learner.losses import policy_loss, sft_loss, token_logprobs
+from learner.losses import LossConfig, LossInputs, policy_loss, sft_loss, token_logprobs
 
+
+
+def loss_of(logprobs, step_start, advantages, mask, clip_eps=0.2, sampler_logprobs=None, tis_cap=None, ref_logprobs=None,
+            kl_coef=0.0, normalizer=None):
+    """policy_loss with one advantage per sequence ([B]) or per token ([B, T])."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    inputs = LossInputs(logprobs, step_start, step_start if sampler_logprobs is None else sampler_logprobs, advantages, mask, ref_logprobs)
+    config = LossConfig(clip_eps=clip_eps, tis_cap=tis_cap, kl_coef=kl_coef, kl_estimator="k3", aggregation="token_mean", temperature=1.0)
+    return policy_loss(inputs, config, normalizer)
 
 def test_rloo_example_from_the_issue():
     adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
@@ -40,7 +50,7 @@ def test_policy_loss_gradient_on_policy():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -0.1]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     advantages = torch.tensor([2.0, -1.0])
-    loss, stats = policy_loss(logprobs, logprobs.detach().clone(), advantages, mask, clip_eps=0.2)
+    loss, stats = loss_of(logprobs, logprobs.detach().clone(), advantages, mask, clip_eps=0.2)
     loss.backward()
     expected = -advantages[:, None] * mask / mask.sum()
     assert torch.allclose(logprobs.grad, expected)
@@ -52,7 +62,7 @@ def test_policy_loss_clips_the_ratio():
     # A positive advantage with a ratio above 1 + eps: clipped, so no gradient flows.
     old = torch.tensor([[-2.0, -2.0]])
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)  # ratio e^1 at t=0, 1 at t=1
-    loss, stats = policy_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2)
+    loss, stats = loss_of(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2)
     loss.backward()
     assert logprobs.grad[0, 0].item() == 0.0
     assert logprobs.grad[0, 1].item() == pytest.approx(-0.5)
@@ -65,7 +75,7 @@ def test_truncated_importance_sampling_weights_each_token():
     old = torch.tensor([[-1.0, -1.0]])
     sampler = torch.tensor([[-0.5, -3.0]])
     logprobs = old.clone().requires_grad_(True)
-    loss, stats = policy_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2,
+    loss, stats = loss_of(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2,
                               sampler_logprobs=sampler, tis_cap=2.0)
     loss.backward()
     w0 = torch.exp(torch.tensor(-0.5)).item()
@@ -73,7 +83,7 @@ def test_truncated_importance_sampling_weights_each_token():
     assert stats["tis_weight_mean"] == pytest.approx((w0 + 2.0) / 2)
     assert stats["tis_truncated_fraction"] == 0.5
     # Without the cap the sampler's logprobs are ignored.
-    plain, _ = policy_loss(old.clone().requires_grad_(True), old, torch.tensor([1.0]), torch.ones(1, 2), 0.2,
+    plain, _ = loss_of(old.clone().requires_grad_(True), old, torch.tensor([1.0]), torch.ones(1, 2), 0.2,
                            sampler_logprobs=sampler, tis_cap=None)
     assert plain.item() == pytest.approx(-1.0)
 
@@ -82,9 +92,9 @@ def test_kl_penalty_is_zero_at_the_reference_and_positive_elsewhere():
     lp = torch.tensor([[-1.0, -1.0]])
     mask = torch.ones(1, 2)
     zero = torch.zeros(1)
-    loss_same, stats_same = policy_loss(lp, lp, zero, mask, 0.2, ref_logprobs=lp, kl_coef=0.5)
+    loss_same, stats_same = loss_of(lp, lp, zero, mask, 0.2, ref_logprobs=lp, kl_coef=0.5)
     assert stats_same["kl"] == 0.0 and loss_same.item() == 0.0
-    loss_far, stats_far = policy_loss(lp, lp, zero, mask, 0.2, ref_logprobs=lp - 1.0, kl_coef=0.5)
+    loss_far, stats_far = loss_of(lp, lp, zero, mask, 0.2, ref_logprobs=lp - 1.0, kl_coef=0.5)
     kl = torch.exp(torch.tensor(-1.0)) + 1.0 - 1.0  # k3 with delta = -1
     assert stats_far["kl"] == pytest.approx(kl.item())
     assert loss_far.item() == pytest.approx(0.5 * kl.item())
@@ -104,38 +114,41 @@ def test_sft_loss_is_masked_nll():
 
 
 def test_pack_masks_only_completion_positions():
-    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], 1.0), TrainSequence([5], [8, 9, 10], [-1.0, -2.0, -3.0], -1.0)]
+    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], [1.0, 1.0]), TrainSequence([5], [8, 9, 10], [-1.0, -2.0, -3.0], [-1.0] * 3)]
     b = pack(seqs, pad_id=0)
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 0]]
     assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
     # position t predicts token t+1: completion tokens of row 0 are predicted at 2 and 3
     assert b.completion_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
-    assert torch.allclose(b.old_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [-1.0, -2.0, -3.0, 0]]))
-    # without per-token advantages, the sequence's advantage on each of its completion tokens
+    assert torch.allclose(b.sampler_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [-1.0, -2.0, -3.0, 0]]))
     assert torch.equal(b.advantages, torch.tensor([[0, 0, 1.0, 1.0], [-1.0, -1.0, -1.0, 0]]))
 
 
-def test_pack_places_token_advantages_on_their_tokens():
-    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], 1.0, token_advantages=[0.5, -2.0]),
-            TrainSequence([5], [8, 9, 10], [-1.0, -2.0, -3.0], -1.0)]
+def test_pack_places_token_advantages_and_the_policy_mask_on_their_tokens():
+    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], [0.5, -2.0]),
+            TrainSequence([5], [8, 9, 10], [-1.0, 0.0, -3.0], [-1.0, -1.0, -1.0], mask=[True, False, True])]
     b = pack(seqs, pad_id=0)
     assert torch.equal(b.advantages, torch.tensor([[0, 0, 0.5, -2.0], [-1.0, -1.0, -1.0, 0]]))
+    # the environment's token (mask False) is not trained on
+    assert b.completion_mask.tolist() == [[0, 0, 1, 1], [1, 0, 1, 0]]
 
 
 def test_pack_rejects_misaligned_logprobs_and_token_advantages():
-    with pytest.raises(ValueError, match="2 logprobs for 3 completion tokens"):
-        pack([TrainSequence([1], [2, 3, 4], [0.0, 0.0], 0.0)], pad_id=0)
-    with pytest.raises(ValueError, match="sequence 1: 4 token advantages for 3 completion tokens"):
-        pack([TrainSequence([1], [2], [0.0], 0.0), TrainSequence([1], [2, 3, 4], [0.0] * 3, 0.0, [0.0] * 4)], pad_id=0)
+    with pytest.raises(ValueError, match="2 sampler logprobs for 3 completion tokens"):
+        pack([TrainSequence([1], [2, 3, 4], [0.0, 0.0])], pad_id=0)
+    with pytest.raises(ValueError, match="sequence 1: 4 advantages for 3 completion tokens"):
+        pack([TrainSequence([1], [2], [0.0]), TrainSequence([1], [2, 3, 4], [0.0] * 3, [0.0] * 4)], pad_id=0)
+    with pytest.raises(ValueError, match="sequence 0: 1 mask values for 3 completion tokens"):
+        pack([TrainSequence([1], [2, 3, 4], mask=[True])], pad_id=0)
 
 
 def test_policy_loss_gradient_of_each_token_scales_with_its_own_advantage():
     # Packed per-token advantages: on-policy, d loss / d logprob_t = -A_t / (completion tokens).
-    seqs = [TrainSequence([5, 6], [8, 9, 4], [-1.0, -0.5, -2.0], 1.0, token_advantages=[3.0, -1.0, 0.0]),
-            TrainSequence([5], [7, 8], [-0.2, -0.3], -0.5)]
+    seqs = [TrainSequence([5, 6], [8, 9, 4], [-1.0, -0.5, -2.0], [3.0, -1.0, 0.0]),
+            TrainSequence([5], [7, 8], [-0.2, -0.3], [-0.5, -0.5])]
     b = pack(seqs, pad_id=0)
-    logprobs = b.old_logprobs.clone().requires_grad_(True)
-    loss, _ = policy_loss(logprobs, b.old_logprobs, b.advantages, b.completion_mask, clip_eps=0.2)
+    logprobs = b.sampler_logprobs.clone().requires_grad_(True)
+    loss, _ = loss_of(logprobs, b.sampler_logprobs, b.advantages, b.completion_mask, clip_eps=0.2)
     loss.backward()
     assert torch.allclose(logprobs.grad, torch.tensor([[0.0, -3.0, 1.0, 0.0], [0.5, 0.5, 0.0, 0.0]]) / 5)
     assert loss.item() == pytest.approx(-(3.0 - 1.0 + 0.0 - 0.5 - 0.5) / 5)
@@ -172,10 +185,10 @@ def test_token_normalizer_makes_micro_batch_losses_add_up_to_the_whole():
     lp = torch.randn(4, 6)
     mask = (torch.rand(4, 6) > 0.3).float()
     adv = torch.randn(4)
-    whole, _ = policy_loss(lp, lp, adv, mask, 0.2)
-    parts = [policy_loss(lp[i:i + 2], lp[i:i + 2], adv[i:i + 2], mask[i:i + 2], 0.2, normalizer=mask.sum().item())[0] for i in (0, 2)]
+    whole, _ = loss_of(lp, lp, adv, mask, 0.2)
+    parts = [loss_of(lp[i:i + 2], lp[i:i + 2], adv[i:i + 2], mask[i:i + 2], 0.2, normalizer=mask.sum().item())[0] for i in (0, 2)]
     assert torch.allclose(sum(parts), whole)
-    per_seq, _ = policy_loss(lp, lp, adv, mask, 0.2, normalizer=4.0)  # sequence mean of token sums
+    per_seq, _ = loss_of(lp, lp, adv, mask, 0.2, normalizer=4.0)  # sequence mean of token sums
     assert torch.allclose(per_seq, -(adv[:, None] * mask).sum() / 4)
 
 

@@ -6,9 +6,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from coderloo.evaluation import pass_at_k
-from coderloo.models import load_causal_lm, load_tokenizer
+from common.hf import load_causal_lm, load_tokenizer
 from coderloo.tasksets.synthetic import FAMILIES, synthetic_suite
-from coderloo.tasksets.task import TaskFileError, load_jsonl
+from reward_service.tasks import TaskFileError, load_jsonl
 
 TEXTS = [
     'def solve(xs):\n    """Return the items of xs greater than 12."""\n    return [v for v in xs if v > 12]\n',

@@ -1,30 +1,58 @@
-"""A short training run with multi-round refinement, through Ray, vLLM, DeepSpeed and the sandbox
-pool: what each round generated, what reached the learner, and the per-round metrics."""
+"""Refinement through the real parts (vLLM, the reward service and its sandbox pool, DeepSpeed):
+the strategy's trajectories and what the algorithm makes of them, a short training run's
+per-round metrics, and the eval command's pass@1 by round."""
 import json
+
+import pytest
+import ray
 
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
-from coderloo.pipeline import RolloutJob
-from learner.group import LearnerGroup
+from coderloo.tasksets.synthetic import synthetic_suite
+from learner.algorithm import build_batch, to_sequences
+from learner.config import LearnerConfig
+from reward_service.client import RewardClient
+from rollout_workers import GenerationParams, RolloutGroup, start_workers
+from rollout_workers.config import RefineConfig, RolloutConfig
+from rollout_workers.strategies import Refinement
 
 ROUNDS, K = 3, 4
 
 
-def test_refinement_training_run(ray_cluster, tiny_model, tmp_path, monkeypatch):
-    batches, trained = [], []
-    wait, train_step = RolloutJob.wait, LearnerGroup.train_step
+def test_refinement_trajectories_reach_the_batch_with_their_advantage(ray_cluster, tiny_model):
+    config = load_config("configs/default.yaml", [])
+    rewards = RewardClient(config.reward)
+    workers = start_workers(str(tiny_model), RolloutConfig(threads=1), seed=0)
+    try:
+        strategy = Refinement(RolloutGroup(workers), rewards, RefineConfig(enabled=True, rounds=ROUNDS))
+        tasks = synthetic_suite()["train"][:2]
+        rollouts = strategy.run(tasks, GenerationParams(n=K, max_new_tokens=16, stop=config.rollout.stop), seed=3)
+    finally:
+        for w in workers:
+            ray.kill(w)
+        rewards.close()
+    trajectories = rollouts.trajectories()
+    assert len(trajectories) == 2 * K and sum(len(t.turns) for t in trajectories) > 2 * K  # the untrained model fails: round 2 happened
+    for t in trajectories:
+        # a later attempt only while none has passed; it stops at a pass or at ROUNDS
+        outcomes = [turn.reward.passed for turn in t.turns]
+        assert not any(outcomes[:-1]) and len(t.turns) <= ROUNDS and (outcomes[-1] or len(t.turns) == ROUNDS)
+        assert t.outcome is t.turns[-1].reward
+        assert all(later.prompt_ids != t.turns[0].prompt_ids for later in t.turns[1:])  # its own prompt, with the feedback
+    rates = [rollouts.metrics[f"pass@1_round{r}"] for r in range(1, ROUNDS + 1)]
+    assert rates == sorted(rates) and rollouts.metrics["rounds_mean"] == sum(len(t.turns) for t in trajectories) / len(trajectories)
+    # every turn of a trajectory trains with the trajectory's advantage
+    samples = to_sequences(rollouts.groups)
+    samples.turn_kl = [0.01 * i for i in range(len(samples.flat()))]  # sets apart groups whose outcomes all fail
+    batch = build_batch(samples, LearnerConfig(kl_coef=0.5, kl_in="reward", filter_uninformative=False), step=1)
+    sequences = iter(batch.sequences)
+    for t in trajectories:
+        advantages = [next(sequences).advantages for _ in t.turns]
+        assert len({a[0] for a in advantages}) == 1 and all(len(set(a)) == 1 for a in advantages)
 
-    def recording_wait(self):
-        batches.append(wait(self))
-        return batches[-1]
 
-    def recording_train_step(self, sequences, *args, **kwargs):
-        trained.append([(s.prompt_ids, s.completion_ids, s.advantage) for s in sequences])
-        return train_step(self, sequences, *args, **kwargs)
-
-    monkeypatch.setattr(RolloutJob, "wait", recording_wait)
-    monkeypatch.setattr(LearnerGroup, "train_step", recording_train_step)
+def test_refinement_training_run(ray_cluster, tiny_model, tmp_path):
     out = tmp_path / "run"
     config = load_config("configs/default.yaml", [
         f"model.path={tiny_model}", f"train.output_dir={out}",
@@ -33,47 +61,22 @@ def test_refinement_training_run(ray_cluster, tiny_model, tmp_path, monkeypatch)
         f"rollout.samples_per_prompt={K}", "rollout.max_new_tokens=16",
         # a trajectory's KL sums its attempts; after SFT, it sets the trajectories apart even where all fail
         "learner.optimizer_steps=1", "learner.kl_coef=0.05", "learner.kl_in=reward",
-        "learner.filter_uninformative=false",  # every group reaches the learner, in order
+        "learner.filter_uninformative=false",
         "tasks.max_eval_tasks=3", "eval.samples_per_task=2", "eval.k=[1]", "eval.greedy=false",
     ])
     summary = train(config)
-
-    assert len(batches) == 2 and len(trained) == 2
     rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
-    for batch, sequences, record in zip(batches, trained, rl, strict=True):
-        first = batch.first_rewards()
-        assert len(batch.later) == len(first) == 2 * K
-        for t, attempts in enumerate(batch.later):
-            # a later round only for a trajectory that has not passed yet; it stops at a pass or at ROUNDS
-            outcomes = [first[t].passed] + [a.reward.passed for a in attempts]
-            assert not any(outcomes[:-1]) and len(attempts) <= ROUNDS - 1
-            assert outcomes[-1] or len(attempts) == ROUNDS - 1
-        assert sum(map(len, batch.later)) > 0  # the untrained model fails: round 2 happened
-        # what reached the learner: each group's k first attempts, then its trajectories' later
-        # attempts (their own prompts, with the feedback) with the trajectory's advantage
-        position, later_advantages = 0, []
-        for g, rollout in enumerate(batch.rollouts):
-            group_first = sequences[position : position + K]
-            assert [s[1] for s in group_first] == [s.token_ids for s in rollout.samples]
-            position += K
-            for j in range(K):
-                for attempt in batch.later[g * K + j]:
-                    prompt_ids, token_ids, advantage = sequences[position]
-                    assert (prompt_ids, token_ids) == (attempt.prompt_ids, attempt.sample.token_ids)
-                    assert prompt_ids != rollout.prompt_ids and advantage == group_first[j][2]
-                    later_advantages.append(advantage)
-                    position += 1
-        assert position == len(sequences) and any(a != 0 for a in later_advantages)
-        rates = [record[f"pass_rate_round{r}"] for r in range(1, ROUNDS + 1)]
-        assert rates == sorted(rates) and rates[0] == record["pass_rate"]
-        assert record["rounds_mean"] == 1 + sum(map(len, batch.later)) / len(first)
+    assert len(rl) == 2
+    for record in rl:
+        rates = [record[f"pass@1_round{r}"] for r in range(1, ROUNDS + 1)]
+        assert rates == sorted(rates) and rates[-1] == record["pass_rate"]  # the outcome is the last attempt's
+        assert 1.0 < record["rounds_mean"] <= ROUNDS and record["time_refine_s"] > 0
         assert record["grad_norm"] > 0 and "kl_sequence_mean" in record
     evals = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "eval"]
     assert len(evals) == 3
     for record in evals:
         rates = [record[f"pass@1_round{r}"] for r in range(1, ROUNDS + 1)]
-        # round 1 is the evaluation's own samples, not a second draw of them
-        assert rates == sorted(rates) and rates[0] == record["pass@1"] and rates[-1] <= 1.0
+        assert rates == sorted(rates) and rates[-1] == pytest.approx(record["pass@1"]) and rates[-1] <= 1.0
     assert "pass@1_round3" in summary["final"]
 
 
@@ -86,4 +89,4 @@ def test_eval_command_reports_pass_at_1_by_round(ray_cluster, tiny_model, tmp_pa
     assert main(args) == 0
     report = json.loads(out.read_text())
     rates = [report[f"pass@1_round{r}"] for r in (1, 2, 3)]
-    assert rates == sorted(rates) and rates[0] == report["pass@1"]  # round 1 is the plain samples' pass rate
+    assert rates == sorted(rates) and rates[-1] == pytest.approx(report["pass@1"])  # pass@1 is the trajectories' outcome

@@ -58,17 +58,16 @@ def test_reward_components_and_dedupe(ray_cluster):
     assert [r.program for r in pool.submitted[0]] == [TASK.prompt + right, TASK.prompt + wrong]
     assert [r.passed for r in rewards] == [True, False, True, False]
     assert [r.status for r in rewards] == [Status.passed, Status.syntax_error, Status.passed, Status.failed]
-    assert rewards[0].total == pytest.approx(1.1) and rewards[0].syntax == 1.0
-    assert rewards[1].total == 0.0 and rewards[1].syntax == 0.0 and rewards[1].functionality == 0.0
+    assert rewards[0].total == pytest.approx(1.1) and rewards[0].components.syntax == 1.0
+    assert rewards[1].total == 0.0 and rewards[1].components.syntax == 0.0 and rewards[1].components.functionality == 0.0
     assert rewards[1].feedback.startswith("SyntaxError: '(' was never closed (line ")
 
 
-def test_sandbox_failure_is_retried_then_raised(ray_cluster):
-    scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.passed]), Limits(), RewardWeights())
-    assert scorer.score([TASK], ["    return 0\n"])[0].passed  # retried once, then fine
-    scorer = RewardScorer(ScriptedPool([Status.infra_error, Status.infra_error]), Limits(), RewardWeights())
-    with pytest.raises(SandboxInfraError, match="1 of 1 programs hit a sandbox failure twice"):
-        scorer.score([TASK], ["    return 0\n"])
+def test_sandbox_failure_is_raised_not_scored(ray_cluster):
+    # the pool has run the request again already (sandbox_pool.pool): a failure here is final
+    scorer = RewardScorer(ScriptedPool([Status.passed, Status.infra_error]), Limits(), RewardWeights())
+    with pytest.raises(SandboxInfraError, match="1 of 2 programs hit a sandbox failure; first: task"):
+        scorer.score([TASK, TASK], ["    return 0\n", "    return 1\n"])
 
 
 def test_weights_model_and_lint_component(ray_cluster):
@@ -79,13 +78,13 @@ def test_weights_model_and_lint_component(ray_cluster):
     one = "    import os\n    return x + 1\n"  # F401
     bad = "    return (\n"  # a syntax error: no lint rules, lint 0
     rewards = scorer.score([TASK, TASK, TASK], [clean, one, bad])
-    assert [r.lint for r in rewards] == [0.0, 0.5, 0.0]
+    assert [r.components.lint for r in rewards] == [0.0, 0.5, 0.0]
     assert [d.code for d in rewards[1].diagnostics] == ["F401"]
     assert rewards[1].total == pytest.approx(0.1 + 1.0 - 0.5 * 0.5)
-    assert rewards[2].syntax_error is not None and rewards[2].syntax == 0.0
+    assert [d.code for d in rewards[2].diagnostics] == ["syntax"] and rewards[2].components.syntax == 0.0
     # lint off by default: not run, not reported
     default = RewardScorer(ScriptedPool([Status.passed]), Limits(), RewardWeights())
-    assert default.weights == RewardWeights() and default.score([TASK], [one])[0].lint is None
+    assert default.weights == RewardWeights() and default.score([TASK], [one])[0].components.lint is None
 
 
 def test_security_rules_and_saturation():

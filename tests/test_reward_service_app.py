@@ -4,13 +4,15 @@ import json
 
 import pytest
 
-from coderloo.runtime import free_port
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from coderloo.tasksets.synthetic import synthetic_suite
-from reward_service.schemas import AutoscalingSettings, RewardItem, RewardRequest, ServiceConfig
+from common.placement import free_port
+from reward_service.config import AutoscalingSettings, ServiceConfig
+from reward_service.schemas import RewardItem, RewardRequest
+from reward_service.tasks import save_jsonl
 from reward_service.weights import RewardWeights
 
 TASK = synthetic_suite()["train"][0]
@@ -18,15 +20,17 @@ RIGHT = TASK.reference[len(TASK.prompt):]
 
 
 @pytest.fixture(scope="module")
-def service(ray_cluster, tiny_model):
+def service(ray_cluster, tiny_model, tmp_path_factory):
     from ray import serve
 
     from reward_service.app import build_app
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    task_file = tmp_path_factory.mktemp("tasks") / "train.jsonl"  # the tasks requests name by id
+    save_jsonl(synthetic_suite()["train"], task_file)
     config = ServiceConfig(
-        weights=RewardWeights(lint=0.2), tokenizer_path=str(tiny_model), max_batch=8, max_body_bytes=64 * 1024,
+        weights=RewardWeights(lint=0.2), task_files=[str(task_file)], tokenizer_path=str(tiny_model), max_batch=8, max_body_bytes=64 * 1024,
         autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=2, target_ongoing_requests=4),
     )
     handle = serve.run(build_app(config), name="rewards", route_prefix="/")
@@ -39,7 +43,7 @@ def post(url, body, **kw):
 
 
 def test_scores_over_http_with_token_rewards(service, tiny_model):
-    from coderloo.models import load_tokenizer
+    from common.hf import load_tokenizer
 
     _, url = service
     ids = load_tokenizer(tiny_model)(RIGHT, add_special_tokens=False)["input_ids"]

@@ -1,10 +1,10 @@
 """Per-token rewards on small examples, positions checked by hand against the tiny tokenizer."""
 import pytest
 
-from coderloo.models import load_tokenizer
+from common.hf import load_tokenizer
 from coderloo.tasksets.synthetic import synthetic_suite
-from coderloo.tasksets.task import Task
-from reward_service.attribution import prefix_end_offsets, token_end_offsets, token_rewards
+from reward_service.tasks import Task
+from reward_service.attribution import token_end_offsets, token_rewards
 from reward_service.lint import ruff_check
 from reward_service.scorer import RewardScorer, analyse
 from reward_service.weights import RewardWeights
@@ -27,9 +27,19 @@ def dense(tokenizer, task: Task, completion: str, weights: RewardWeights, passed
         status=Status.passed if passed == of else Status.failed,
         tests=[{"passed": i < passed} for i in range(of)], num_tests=of, duration_s=0.0,
     )
-    reward = RewardScorer(None, Limits(), weights=weights).reward(analysis, result, diagnostics)
+    reward = RewardScorer(None, Limits(), weights=weights).reward(task, analysis, result, diagnostics)
     pieces = [tokenizer.decode([i]) for i in ids]
     return pieces, token_rewards(task, completion, reward, ids, tokenizer, weights), reward
+
+
+def prefix_end_offsets(token_ids, tokenizer):
+    """The oracle: the end of each token by decoding every prefix (quadratic; the running maximum
+    keeps ends in order where a prefix ends inside a character and decodes to a replacement)."""
+    ends, last = [], 0
+    for i in range(1, len(token_ids) + 1):
+        last = max(last, len(tokenizer.decode(token_ids[:i], skip_special_tokens=True)))
+        ends.append(last)
+    return ends
 
 
 def test_token_end_offsets(tokenizer):
@@ -70,7 +80,7 @@ def test_prose_and_fences_get_zero(tokenizer):
 def test_syntax_error_penalty_at_its_position(tokenizer):
     weights = RewardWeights(syntax=0.1, functionality=1.0)
     pieces, values, reward = dense(tokenizer, CODE_TASK, "    return (x +\n", weights, 0, 3)
-    assert reward.syntax == 0.0 and reward.total == 0.0
+    assert reward.components.syntax == 0.0 and reward.total == 0.0
     # "'(' was never closed" at program row 3, column 12: completion character 11, the '(' token
     at = next(i for i, p in enumerate(pieces) if "(" in p)
     assert values == pytest.approx([-0.1 if i == at else 0.0 for i in range(len(pieces))])

@@ -11,7 +11,7 @@ TASK = synthetic_suite()["train"][0]  # solve(x) = x + 1, 9 asserts
 
 @pytest.fixture(scope="module")
 def pool(ray_cluster):
-    pool = SandboxPool(1, 4)
+    pool = SandboxPool()
     yield pool
     pool.shutdown()
 

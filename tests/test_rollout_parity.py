@@ -6,18 +6,13 @@ import pytest
 import ray
 import torch
 
-from coderloo.models import TinyModelSpec, build_tiny_model, load_causal_lm
+from coderloo.models import TinyModelSpec, build_tiny_model
 from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
+from common.hf import load_causal_lm
+from common.weight_sync import WeightSource
 from learner.actor import named_weights
-from rollout_workers import (
-    GenerationParams,
-    RolloutGroup,
-    RolloutWorker,
-    SyncSettings,
-    WeightSyncError,
-    WeightSyncTimeout,
-)
-from rollout_workers.weight_sync import WeightSource
+from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker, WeightSyncError, WeightSyncTimeout
+from rollout_workers.config import WeightSyncConfig
 
 PROMPTS = [t.prompt for t in synthetic_suite()["heldout"][::6]]
 GREEDY = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
@@ -62,7 +57,7 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
     vllm_worker = RolloutWorker.remote(path, "vllm", threads=1)
     hf_worker = RolloutWorker.remote(path, "transformers", threads=1)
     # Small buckets: the model travels in many pieces, loaded as they arrive.
-    group = RolloutGroup([vllm_worker, hf_worker], SyncSettings("gloo", bucket_bytes=256 << 10, timeout_s=60))
+    group = RolloutGroup([vllm_worker, hf_worker], WeightSyncConfig(bucket_mb=0.25, timeout_s=60))
     previous = None
     try:
         group.connect([source])
@@ -71,8 +66,7 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
             ray.get(source.perturb.remote(0.3))
             timing = group.push()
             assert group.version == version and timing["sync_bytes"] == group._plan.nbytes
-            from_vllm = ray.get(vllm_worker.generate.remote(PROMPTS, GREEDY))
-            from_hf = ray.get(hf_worker.generate.remote(PROMPTS, GREEDY))
+            from_vllm, from_hf = (RolloutGroup([w]).generate(PROMPTS, GREEDY) for w in (vllm_worker, hf_worker))
             ids_vllm = [r.samples[0].token_ids for r in from_vllm]
             ids_hf = [r.samples[0].token_ids for r in from_hf]
             assert len({tuple(ids) for ids in ids_vllm}) >= 4, "outputs too uniform for a meaningful check"
@@ -97,9 +91,9 @@ def test_a_prompt_too_long_for_the_engine_keeps_its_end_when_asked(ray_cluster, 
     params = GenerationParams(n=1, max_new_tokens=16, temperature=0.0, truncate_prompt_left=True)
     workers = [RolloutWorker.remote(str(tiny_model), backend, threads=1) for backend in ("vllm", "transformers")]
     try:
-        outs = [ray.get(w.generate.remote([prompt, PROMPTS[1]], params)) for w in workers]
+        outs = [RolloutGroup([w]).generate([prompt, PROMPTS[1]], params) for w in workers]
         with pytest.raises(Exception, match="maximum context length is 512 tokens"):
-            ray.get(workers[0].generate.remote([prompt], GenerationParams(n=1, max_new_tokens=16, temperature=0.0)))
+            RolloutGroup(workers[:1]).generate([prompt], GenerationParams(n=1, max_new_tokens=16, temperature=0.0))
     finally:
         for w in workers:
             ray.kill(w)
@@ -121,8 +115,8 @@ def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
     finally:
         ray.kill(worker)
     assert all(len(r.samples) == 4 for r in rollouts)
-    assert all(s.finish_reason in ("stop", "length") and len(s.logprobs) == len(s.token_ids) for r in rollouts for s in r.samples)
-    seqs = [TrainSequence(r.prompt_ids, s.token_ids, s.logprobs, 0.0) for r in rollouts for s in r.samples]
+    assert all(s.finish_reason in ("stop", "length") and len(s.sampler_logprobs) == len(s.token_ids) for r in rollouts for s in r.samples)
+    seqs = [TrainSequence(r.prompt_ids, s.token_ids, s.sampler_logprobs) for r in rollouts for s in r.samples]
     batch = pack(seqs, pad_id=0)
     model = load_causal_lm(tiny_model)
     with torch.no_grad():
@@ -130,18 +124,18 @@ def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
     ours = token_logprobs(logits, batch.input_ids, temperature=0.7)
     mask = batch.completion_mask.bool()
     assert mask.sum() > 20
-    assert torch.allclose(ours[mask], batch.old_logprobs[mask], atol=1e-3)
+    assert torch.allclose(ours[mask], batch.sampler_logprobs[mask], atol=1e-3)
 
 
 def test_a_silent_sender_times_out_and_the_version_stays(ray_cluster, tiny_model):
     source = ModelSource.remote(str(tiny_model), silent=True)
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
-    group = RolloutGroup([worker], SyncSettings("gloo", timeout_s=3))
+    group = RolloutGroup([worker], WeightSyncConfig(timeout_s=3))
     try:
         group.connect([source])
         with pytest.raises(WeightSyncTimeout, match="pushing weights version 1: worker 0: WeightSyncTimeout"):
             group.push()
-        assert group.version == 0 and ray.get(worker.get_version.remote()) == 0
+        assert group.version == 0 and ray.get(worker.status.remote())[1] == 0
     finally:
         ray.kill(source)
         ray.kill(worker)
@@ -150,7 +144,7 @@ def test_a_silent_sender_times_out_and_the_version_stays(ray_cluster, tiny_model
 def test_a_dead_worker_fails_the_push_by_name(ray_cluster, tiny_model):
     source = ModelSource.remote(str(tiny_model))
     workers = [RolloutWorker.remote(str(tiny_model), "transformers", threads=1) for _ in range(2)]
-    group = RolloutGroup(workers, SyncSettings("gloo", timeout_s=10))
+    group = RolloutGroup(workers, WeightSyncConfig(timeout_s=10))
     try:
         group.connect([source])
         group.push()
@@ -168,9 +162,14 @@ def test_stale_or_repeated_version_is_refused(ray_cluster, tiny_model):
     try:
         with pytest.raises(ray.exceptions.RayTaskError, match="weight version must increase"):
             ray.get(worker.receive_weights.remote(None, 0))
-        assert ray.get(worker.get_version.remote()) == 0
+        assert ray.get(worker.status.remote())[1] == 0
     finally:
         ray.kill(worker)
+
+
+def drain(chunks) -> list:
+    """Every rollout of RolloutGroup.stream's chunks, waiting for each chunk to finish."""
+    return [ray.get(ref)[1] for _, generator in chunks for ref in generator]
 
 
 def test_least_loaded_dispatch_spreads_concurrent_requests(ray_cluster, tiny_model):
@@ -180,15 +179,15 @@ def test_least_loaded_dispatch_spreads_concurrent_requests(ray_cluster, tiny_mod
     # well beyond the few milliseconds between the calls below.
     params = GenerationParams(n=2, max_new_tokens=300, temperature=1.0)
     try:
-        first = group.submit(PROMPTS[:2], params)  # one prompt to each worker
+        first = group.stream(PROMPTS[:2], params)  # one prompt to each worker
         assert [group.load(0), group.load(1)] == [1, 1]
         # A single request now goes to a worker with nothing in flight, if any; the loads stay even.
-        ray.get(first)
+        drain(first)
         assert [group.load(0), group.load(1)] == [0, 0]
-        one = group.submit(PROMPTS[:3], params)  # chunks of 2 and 1
-        two = group.submit(PROMPTS[3:4], params)  # the worker with the chunk of 1 is less loaded
+        one = group.stream(PROMPTS[:3], params)  # chunks of 2 and 1
+        two = group.stream(PROMPTS[3:4], params)  # the worker with the chunk of 1 is less loaded
         assert sorted([group.load(0), group.load(1)]) == [2, 2]
-        rollouts = [r for chunk in ray.get(one + two) for r in chunk]
+        rollouts = drain(one + two)
         assert len(rollouts) == 4 and all(len(r.samples) == 2 for r in rollouts)
     finally:
         for w in workers:

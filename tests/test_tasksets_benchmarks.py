@@ -20,7 +20,7 @@ from coderloo.tasksets.benchmarks import (
     load_task_set,
     mbpp_prompt,
 )
-from coderloo.tasksets.task import Task, TaskFileError, load_jsonl, save_jsonl
+from reward_service.tasks import Task, TaskFileError, load_jsonl, save_jsonl
 
 FILES = {"mbpp": "mbpp.jsonl", "mbpp-sanitized": "sanitized-mbpp.json", "humaneval": "HumanEval.jsonl.gz"}
 COUNTS = {"mbpp": 974, "mbpp-sanitized": 427, "humaneval": 164}

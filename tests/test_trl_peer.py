@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 from learner.advantages import grpo_advantages, reinforce_advantages, rloo_advantages
-from learner.losses import policy_loss, token_logprobs
+from learner.losses import LossConfig, LossInputs, policy_loss, token_logprobs
 
 G, K, T = 3, 4, 6  # prompt groups, samples per prompt, completion tokens
 PROMPTS = ["def add(a, b):", "def is_even(n):", "class Stack:"]
@@ -130,7 +130,10 @@ def _our_loss(trainer, inputs: dict, advantages: torch.Tensor) -> tuple[torch.Te
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
-    loss, stats = policy_loss(logps, inputs["old_per_token_logps"], advantages, inputs["completion_mask"], CLIP_EPS)
+    old = inputs["old_per_token_logps"]
+    per_token = advantages.unsqueeze(1).expand_as(logps)
+    config = LossConfig(clip_eps=CLIP_EPS, tis_cap=None, kl_coef=0.0, kl_estimator="k3", aggregation="token_mean", temperature=T)
+    loss, stats = policy_loss(LossInputs(logps, old, old, per_token, inputs["completion_mask"]), config)
     params = [p for p in model.parameters() if p.requires_grad]
     return loss, stats, list(torch.autograd.grad(loss, params))
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from rollout_workers.weight_sync import (
+from common.weight_sync import (
     PROBE_NAMES,
     WeightSyncError,
     plan_buckets,

@@ -1,4 +1,1 @@
-"""Task sets: one task format and the loaders that produce it."""
-from coderloo.tasksets.task import Task, TaskFileError, load_jsonl, save_jsonl
-
-__all__ = ["Task", "TaskFileError", "load_jsonl", "save_jsonl"]
+"""Task sets: the synthetic suite and the benchmark loaders, converted to the one task format (reward_service.tasks)."""

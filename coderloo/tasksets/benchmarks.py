@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
-from coderloo.tasksets.task import Record, Task, TaskFileError, build_tasks, jsonl_records, load_jsonl
+from reward_service.tasks import Record, Task, TaskFileError, build_tasks, jsonl_records, load_jsonl
 
 # The MBPP paper's prompt (Austin et al. 2021), without its few-shot [BEGIN]/[DONE] wrapping.
 MBPP_PROMPT = (

@@ -36,7 +36,7 @@ from typing import Any
 
 from coderloo.tasksets import evalplus_oracle
 from coderloo.tasksets.benchmarks import difficulty
-from coderloo.tasksets.task import Record, Task, TaskFileError, build_tasks, jsonl_records
+from reward_service.tasks import Record, Task, TaskFileError, build_tasks, jsonl_records
 
 ORACLE_SOURCE = Path(evalplus_oracle.__file__).read_text(encoding="utf-8")
 ORACLE_PATH = Path(evalplus_oracle.__file__)

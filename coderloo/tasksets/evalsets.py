@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coderloo.tasksets.benchmarks import load_task_set
-from coderloo.tasksets.task import Task
+from reward_service.tasks import Task
 
 EVALPLUS_EOS = ("\nif __name__", "\ndef main(", "\nprint(")
 HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nimport ", "\nfrom ", "\nassert ") + EVALPLUS_EOS

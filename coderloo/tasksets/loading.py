@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from coderloo.tasksets.benchmarks import load_task_set
 from coderloo.tasksets.synthetic import synthetic_suite
-from coderloo.tasksets.task import Task
+from reward_service.tasks import Task
 
 
 def _load(name: str, path: str | None, split: str) -> list[Task]:

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from coderloo.tasksets.task import Task
+from reward_service.tasks import Task
 
 ENTRY_POINT = "solve"
 

@@ -1,0 +1,34 @@
+"""The reward service's section of the config: weights, sandbox limits and pool, replicas."""
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from common.config import Section
+from reward_service.weights import RewardWeights
+from sandbox_pool import Limits, PoolSettings
+
+
+class AutoscalingSettings(Section):
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(2.0, gt=0, description="Requests in flight per replica that Serve aims for.")
+
+    @model_validator(mode="after")
+    def _order(self) -> "AutoscalingSettings":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be at least min_replicas")
+        return self
+
+
+class ServiceConfig(Section):
+    weights: RewardWeights = Field(default_factory=RewardWeights)
+    limits: Limits = Field(default_factory=Limits, description="Resource limits of each program run.")
+    pool: PoolSettings = Field(default_factory=PoolSettings, description="Each replica's sandbox pool: backend, executors, scaling.")
+    task_files: list[str] = Field(
+        default_factory=list, description="JSONL task files (the one task format, e.g. from `coderloo tasks`) whose "
+        "tasks requests may name by task_id.")
+    tokenizer_path: str | None = Field(None, description="Tokenizer for per-token rewards (None: token ids are refused).")
+    max_batch: int = Field(256, ge=1, description="Most items in one request (more: 413).")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body (more: 413).")
+    replica_cpus: float = Field(0.5, gt=0, description="CPUs Ray reserves for each replica.")
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)

@@ -1,0 +1,91 @@
+"""The rollout section of the config: the workers, their engines, weight sync, refinement."""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from common.config import Section
+
+
+class WeightSyncConfig(Section):
+    transport: Literal["gloo", "nccl"] = Field(
+        default="gloo",
+        description="gloo: CPU broadcast over TCP (any machine); nccl: GPU broadcast into the vLLM workers.",
+    )
+    bucket_mb: float = Field(default=32.0, gt=0, description="Parameters travel in buckets of at most this many MiB.")
+    timeout_s: float = Field(default=120.0, gt=0, description="A push that a peer does not finish in this time raises instead of hanging.")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * (1 << 20))
+
+
+class RolloutConfig(Section):
+    backend: Literal["vllm", "transformers"] = Field(default="vllm", description="Generation backend of the rollout workers.")
+    num_workers: int = Field(default=1, ge=1, description="Rollout worker actors.")
+    samples_per_prompt: int = Field(default=8, ge=2, description="k: completions sampled per prompt (RLOO needs k >= 2).")
+    max_new_tokens: int = Field(default=48, ge=1, description="Longest completion, in tokens.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (the learner uses the same one for logprobs).")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("], description="Stop sequences.")
+    threads: int = Field(default=2, ge=1, description="CPU threads of each worker's engine (CPU runs only).")
+    temperature_schedule: list[tuple[int, float]] | None = Field(
+        default=None,
+        description="(RL step, temperature) points; the sampling temperature moves linearly between them "
+        "and stays at the first one before them and at the last one after them (e.g. [[1, 0.9], [150, 0.1]]). None: `temperature` throughout.",
+    )
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="How new weights reach the engines.")
+    # Placement and the engine on GPUs (cluster.yaml, configs/qwen2.5-coder-*.yaml)
+    gpus_per_worker: float = Field(
+        default=0.0, ge=0, description="GPUs each worker reserves in Ray: 1 on GPU nodes (an actor that reserves none sees none).")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each worker asks for, to place it on a node type that offers them "
+        "(cluster.yaml's rollout nodes offer `rollout_gpu`).",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="vLLM's weights and activations: float32 on CPU (matches the learner's logprobs), bfloat16 on GPUs.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Share of its GPU's memory vLLM takes for weights and KV cache (GPU workers only).")
+    max_model_len: int | None = Field(default=None, ge=1, description="vLLM's longest prompt + completion (None: the model's).")
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> "RolloutConfig":
+        if self.backend == "transformers" and self.dtype != "float32":
+            raise ValueError("rollout.dtype applies to the vllm backend; the transformers backend generates in float32")
+        return self
+
+    def temperature_at(self, step: int) -> float:
+        """The sampling temperature at RL step `step`: piecewise linear between the schedule's points."""
+        if not self.temperature_schedule:
+            return self.temperature
+        steps, temperatures = zip(*self.temperature_schedule)
+        return float(np.interp(step, steps, temperatures))
+
+    def engine_options(self) -> dict:
+        """The vLLM engine's arguments from this section (rollout_workers.vllm_backend.VLLMBackend)."""
+        if self.backend != "vllm":
+            return {}
+        options = {"dtype": self.dtype, "max_model_len": self.max_model_len}
+        if self.gpus_per_worker:
+            options["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return options
+
+
+class RefineConfig(Section):
+    enabled: bool = Field(
+        default=False,
+        description="Train and evaluate with refinement: a failed sample is rewritten from its execution "
+        "feedback, up to `rounds` attempts; RLOO over each trajectory's final outcome.",
+    )
+    rounds: int = Field(default=3, ge=1, description="Most attempts per trajectory, the first included.")
+    feedback_chars: int = Field(
+        default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
+
+    @model_validator(mode="after")
+    def _rounds(self) -> "RefineConfig":
+        if self.enabled and self.rounds < 2:
+            raise ValueError(f"rounds={self.rounds}: refinement needs at least 2 (1 is no refinement; set enabled false)")
+        return self

@@ -1,0 +1,114 @@
+"""The algorithm seam on hand-built trajectories: rewards [G, k], turns of several attempts,
+per-token rewards, KL in the reward, the critic's term -> per-token advantages, kept groups, metrics."""
+import pytest
+import torch
+
+from coderloo.tasksets.synthetic import synthetic_suite
+from learner.advantages import dense_advantages, rloo_advantages, whiten
+from learner.algorithm import build_batch, to_sequences
+from learner.config import LearnerConfig
+from reward_service.schemas import Components, ItemReward
+from rollout_workers.types import Trajectory, Turn
+from sandbox_pool import Status
+
+TASKS = synthetic_suite()["train"][:3]
+
+
+def reward(total: float, token_rewards=None) -> ItemReward:
+    passed = total >= 1.0
+    return ItemReward(components=Components(syntax=1.0, functionality=total, lint=None, performance=None), total=total,
+                      passed=passed, status=Status.passed if passed else Status.failed, diagnostics=[], token_rewards=token_rewards)
+
+
+def turn(tokens: int, r: ItemReward, start: int = 0, mask=None) -> Turn:
+    ids = list(range(start, start + tokens))
+    return Turn([99, start], ids, [-0.5] * tokens, mask or [True] * tokens, 0, "x", r)
+
+
+def trajectory(task, *turns: Turn) -> Trajectory:
+    return Trajectory(task, list(turns), turns[-1].reward)
+
+
+def groups_of(rewards: list[list[float]], tokens: int = 2):
+    return [[trajectory(TASKS[g], turn(tokens, reward(r), start=10 * g + j)) for j, r in enumerate(row)] for g, row in enumerate(rewards)]
+
+
+def test_rloo_advantages_whitened_over_the_kept_groups_and_uniform_groups_dropped():
+    rewards = [[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.5, 0.0, 0.0]]
+    batch = build_batch(to_sequences(groups_of(rewards)), LearnerConfig(), step=1)
+    assert batch.kept.tolist() == [True, False, True] and batch.metrics["groups_filtered"] == 1
+    expected = rloo_advantages(torch.tensor(rewards))[[0, 2]]
+    expected = whiten(expected).flatten().tolist()
+    got = [seq.advantages for seq in batch.sequences]
+    assert got == [[a, a] for a in expected]  # one per token, the sample's advantage on each
+    assert [s.completion_ids[0] for s in batch.sequences] == [0, 1, 2, 3, 20, 21, 22, 23]  # group by group, in order
+
+
+def test_without_filtering_or_whitening_and_with_reinforce():
+    rewards = [[1.0, 0.0], [0.0, 0.0]]
+    config = LearnerConfig(filter_uninformative=False, normalize_advantages=False)
+    batch = build_batch(to_sequences(groups_of(rewards, tokens=1)), config, step=1)
+    assert [s.advantages for s in batch.sequences] == [[1.0], [-1.0], [0.0], [0.0]]
+    reinforce = build_batch(to_sequences(groups_of(rewards, tokens=1)), LearnerConfig(advantage_estimator="reinforce", normalize_advantages=False), step=1)
+    assert reinforce.kept.all() and [s.advantages for s in reinforce.sequences] == [[1.0], [0.0], [0.0], [0.0]]
+
+
+def test_every_turn_of_a_trajectory_trains_with_its_advantage_and_the_policy_mask_passes_through():
+    # trajectory 0: a failed attempt, then a passing one (with two environment tokens in it); 1: one failed attempt
+    first = trajectory(TASKS[0], turn(2, reward(0.0)), turn(3, reward(1.0), start=5, mask=[True, False, True]))
+    second = trajectory(TASKS[0], turn(2, reward(0.0), start=20))
+    samples = to_sequences([[first, second]])
+    assert [len(t) for t in samples.sequences[0]] == [2, 1] and samples.rewards.tolist() == [[1.0, 0.0]]
+    batch = build_batch(samples, LearnerConfig(normalize_advantages=False), step=1)
+    assert [s.advantages for s in batch.sequences] == [[1.0, 1.0], [1.0, 1.0, 1.0], [-1.0, -1.0]]
+    assert batch.sequences[1].mask == [True, False, True] and batch.sequences[1].prompt_ids == [99, 5]
+
+
+def test_kl_in_the_reward_sums_a_trajectorys_turns():
+    first = trajectory(TASKS[0], turn(1, reward(0.0)), turn(1, reward(1.0)))
+    second = trajectory(TASKS[0], turn(1, reward(1.0)))
+    samples = to_sequences([[first, second]])
+    samples.turn_kl = [0.5, 1.5, 0.25]  # flat order: trajectory 0's two turns, then trajectory 1's
+    config = LearnerConfig(kl_coef=0.1, kl_in="reward", normalize_advantages=False, filter_uninformative=False)
+    batch = build_batch(samples, config, step=1)
+    assert batch.rewards[0].tolist() == pytest.approx([1.0 - 0.1 * 2.0, 1.0 - 0.1 * 0.25])
+    assert batch.metrics["kl_sequence_mean"] == pytest.approx(1.125)
+    with pytest.raises(ValueError, match="KL to the reference is needed"):
+        build_batch(to_sequences([[first, second]]), config, step=1)
+    # KL in the loss: the rewards are the outcomes
+    assert build_batch(to_sequences([[first, second]]), LearnerConfig(kl_coef=0.1), step=1).rewards.tolist() == [[1.0, 1.0]]
+
+
+def test_the_critics_term_is_added_to_the_rewards():
+    samples = to_sequences(groups_of([[1.0, 0.0]]))
+    samples.critic_p_passed = torch.tensor([[0.5, 0.25]])
+    batch = build_batch(samples, LearnerConfig(normalize_advantages=False), step=1, critic_coef=0.2)
+    assert batch.rewards[0].tolist() == pytest.approx([1.1, 0.05])
+
+
+def test_dense_rewards_give_per_token_advantages_whitened_over_the_kept_tokens():
+    rows = [[[0.5, 0.5], [0.0]], [[0.1], [0.1]]]  # group 1 is uniform: dropped
+    groups = [[trajectory(TASKS[g], turn(len(r), reward(sum(r), r), start=10 * g + j)) for j, r in enumerate(row)] for g, row in enumerate(rows)]
+    config = LearnerConfig(dense_rewards=True, dense_coef=1.0)
+    batch = build_batch(to_sequences(groups, token_rewards=True), config, step=1)
+    advantages = rloo_advantages(torch.tensor([[1.0, 0.0], [0.1, 0.1]]))
+    per_token = torch.tensor([[[0.5, 0.5], [0.0, 0.0]], [[0.1, 0.0], [0.1, 0.0]]])
+    mask = torch.tensor([[[True, True], [True, False]], [[True, False], [True, False]]])
+    expected = dense_advantages(advantages, per_token, mask, 1.0, 1.0)
+    kept = mask & torch.tensor([True, False]).view(-1, 1, 1)
+    expected[kept] = whiten(expected[kept])
+    assert [s.advantages for s in batch.sequences] == [expected[0, 0].tolist(), expected[0, 1, :1].tolist()]
+    assert batch.metrics["dense_advantage_abs_mean"] > 0
+
+
+@pytest.mark.parametrize("token_rewards, got", [([0.6, 0.7], "2"), (None, "no")])
+def test_a_wrong_number_of_token_rewards_names_the_sample(token_rewards, got):
+    groups = [[trajectory(TASKS[1], turn(1, reward(0.0, [0.1]))), trajectory(TASKS[1], turn(1, reward(0.0, token_rewards)))]]
+    with pytest.raises(ValueError, match=f"group 0 \\('{TASKS[1].id}'\\), sample 1: the reward service gave {got} token rewards for 1 completion tokens"):
+        to_sequences(groups, token_rewards=True)
+
+
+def test_per_token_rewards_need_single_turn_trajectories():
+    two_turns = trajectory(TASKS[0], turn(1, reward(0.0, [0.0])), turn(1, reward(1.0, [1.0])))
+    with pytest.raises(ValueError, match="per-token rewards need single-turn trajectories, got 2 turns"):
+        to_sequences([[two_turns, two_turns]], token_rewards=True)
