@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,20 @@ class Job:
     rollouts: Future
 
 
+def in_background(fn, *args) -> Future:
+    """`fn(*args)` in a daemon thread: a run that fails is not kept alive by rollouts in flight."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # surfaced to the controller by future.result()
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="rollouts", daemon=True).start()
+    return future
+
+
 def push_weights(rollouts_group: RolloutGroup) -> dict:
     """Push the learner's weights; if a worker died during the push, wait for it and push again."""
     try:
@@ -137,7 +152,6 @@ def train(config: Config, resume: bool = False) -> dict:
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync)
     strategy = make_strategy(rollouts_group, rewards_service, config.refine)
     critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
-    threads = ThreadPoolExecutor(max_workers=1 + config.train.max_staleness, thread_name_prefix="rollouts")
     try:
         rollouts_group.connect(learner.weight_sources)
         rollout, learn = config.rollout, config.learner
@@ -202,7 +216,7 @@ def train(config: Config, resume: bool = False) -> dict:
             while next_launch <= config.train.steps and len(jobs) <= config.train.max_staleness:
                 tasks, temperature = draw.draw(), rollout.temperature_at(next_launch)
                 params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_p=rollout.top_p, stop=rollout.stop)
-                jobs.append(Job(next_launch, tasks, threads.submit(strategy.run, tasks, params, generation_seed(config, next_launch, 0))))
+                jobs.append(Job(next_launch, tasks, in_background(strategy.run, tasks, params, generation_seed(config, next_launch, 0))))
                 next_launch += 1
             rollouts = jobs.popleft().rollouts.result()
             t_ready = time.time()
@@ -257,7 +271,6 @@ def train(config: Config, resume: bool = False) -> dict:
         summary = {"base": base, "after_sft": after_sft, "final": final, "policy_version": rollouts_group.version, "output_dir": str(out)}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     finally:
-        threads.shutdown(wait=False, cancel_futures=True)
         learner.kill()
         if critic is not None:
             critic.kill()

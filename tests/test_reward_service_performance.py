@@ -21,12 +21,12 @@ def test_slow_right_code_earns_less_and_wrong_code_none(pool):
     right = TASK.reference[len(TASK.prompt):]
     slow = "    import time\n    time.sleep(0.05)\n    return x + 1\n"  # 9 calls: about 0.45 s
     fast, sluggish, wrong = scorer.score([TASK] * 3, [right, slow, "    return x\n"])
-    assert 0 < sluggish.performance < 0.5 * fast.performance
-    assert wrong.performance == 0.0
-    assert sluggish.total == pytest.approx(0.1 + 1.0 + 0.5 * sluggish.performance)
+    assert 0 < sluggish.components.performance < 0.5 * fast.components.performance
+    assert wrong.components.performance == 0.0
+    assert sluggish.total == pytest.approx(0.1 + 1.0 + 0.5 * sluggish.components.performance)
     assert TASK.id in scorer._reference_s  # timed once, reused by later batches
 
 
 def test_performance_off_by_default(pool):
     reward = RewardScorer(pool, Limits(), RewardWeights()).score([TASK], ["    return x + 1\n"])[0]
-    assert reward.performance is None and reward.total == pytest.approx(1.1)
+    assert reward.components.performance is None and reward.total == pytest.approx(1.1)
