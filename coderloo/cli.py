@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from coderloo.config import ConfigError, load_config
+from coderloo.rundir import RunDirError, check_new_file
 from coderloo.runtime import apply_env_defaults
 from reward_service.tasks import TaskFileError
 
@@ -19,7 +20,7 @@ def _config(args):
 def cmd_train(args) -> int:
     from coderloo.controller import train
 
-    summary = train(_config(args), resume=args.resume)
+    summary = train(_config(args), resume=args.resume, overwrite=args.overwrite)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -37,6 +38,8 @@ def cmd_eval(args) -> int:
     from rollout_workers.strategies import make_strategy
 
     config = _config(args)
+    if args.out:
+        check_new_file(Path(args.out), args.overwrite)
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
     # (tasks, stop sequences) per set: the benchmark sets, or the config's evaluation set
     suites = {}
@@ -121,11 +124,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             p.add_argument("--data-dir", default=None, help="directory of the benchmark files (default: eval.data_dir)")
             p.add_argument("--out", default=None, help="also write the JSON report to this file")
+            p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
         if name == "train":
             p.add_argument(
                 "--resume", action="store_true",
                 help="continue from the latest checkpoint in train.output_dir (same config: weights, "
                 "optimizer, data order and sampling continue exactly)",
+            )
+            p.add_argument(
+                "--overwrite", action="store_true",
+                help="replace the run in train.output_dir (without it, or --resume, a directory that holds a run is refused)",
             )
     p = sub.add_parser("tasks", help="write the synthetic suite as JSONL files")
     p.add_argument("--out", required=True)
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, TaskFileError) as e:
+    except (ConfigError, FileNotFoundError, RunDirError, TaskFileError) as e:
         print(f"coderloo: {e}", file=sys.stderr)
         return 2
 

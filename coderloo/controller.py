@@ -25,6 +25,7 @@ from coderloo.curriculum import TaskDraw
 from coderloo.evaluation import evaluate
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
+from coderloo.rundir import claim
 from coderloo.runtime import REPO_ROOT, init_ray, metrics_endpoint
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
@@ -126,8 +127,21 @@ def push_weights(rollouts_group: RolloutGroup) -> dict:
         return rollouts_group.push()
 
 
-def train(config: Config, resume: bool = False) -> dict:
+def train(config: Config, resume: bool = False, overwrite: bool = False) -> dict:
+    """Train into `train.output_dir`: a new directory, or with `resume` one whose run continues,
+    or with `overwrite` one whose run is replaced. What can be checked is checked before anything
+    is written there, and a live run's directory is never taken (coderloo/rundir.py)."""
     out = resolve(config.train.output_dir)
+    tasks = load_tasks(config.tasks)
+    model_path = prepare_model(config)
+    lock = claim(out, resume, overwrite)
+    try:
+        return run(config, resume, out, tasks, model_path)
+    finally:
+        lock.release()
+
+
+def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dict:
     ckpt_root = out / "checkpoints"
     checkpoint = latest_checkpoint(ckpt_root) if resume else None
     if resume and checkpoint is None:
@@ -140,8 +154,7 @@ def train(config: Config, resume: bool = False) -> dict:
     rng = random.Random(config.train.seed)
 
     # --- set-up: tasks, model, Ray actors ---
-    train_tasks, eval_tasks = load_tasks(config.tasks)
-    model_path = prepare_model(config)
+    train_tasks, eval_tasks = tasks
     tokenizer = load_tokenizer(model_path)
     init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port)
     monitor = RunMetrics(out.name)
