@@ -566,6 +566,29 @@ def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_onc
     assert len(stats["ready"]) == 2  # replaced
 
 
+def test_pool_runs_again_a_request_whose_sandbox_failed(ray_cluster):
+    """The one retry of a sandbox failure: a supervisor killed under its run answers nothing, its
+    executor reports an infra_error, and the pool runs the request again (no executor was lost)."""
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=1))
+
+    def supervisors() -> list[psutil.Process]:
+        servers = [p for p in psutil.process_iter(["cmdline"]) if FORK_SERVER in (p.info["cmdline"] or [])]
+        return [child for server in servers for child in server.children()]
+
+    try:
+        ref = pool.submit(sleepy_requests(1, sleep_s=3.0))[0]
+        running = wait_until(supervisors)
+        assert running, pool.stats()
+        for supervisor in running:
+            supervisor.kill()
+        result = ray_cluster.get(ref, timeout=120)
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert result.status is Status.passed and result.stdout == "0\n", (result.status, result.detail)
+    assert stats["reruns"] == 1 and stats["executors_lost"] == 0 and stats["delivered"] == 1
+
+
 def test_pool_grows_with_its_queue_and_shrinks_when_idle(ray_cluster):
     pool = SandboxPool(PoolSettings(min_executors=1, max_executors=3, concurrency_per_executor=2, idle_s=1.0))
     try:
