@@ -232,14 +232,14 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
                 jobs.append(Job(next_launch, tasks, in_background(strategy.run, tasks, params, generation_seed(config, next_launch, 0))))
                 next_launch += 1
             rollouts = jobs.popleft().rollouts.result()
-            t_ready = time.time()
+            t_ready, temperature = time.time(), rollout.temperature_at(step)
             for group in rollouts.groups:
                 draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
 
             # 2. the batch: advantages within each task's group of k, per token, kept groups
             samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards)
             if learn.kl_in == "reward" and learn.kl_coef_at(step) > 0:
-                samples.turn_kl = learner.sequence_kl(samples.flat(), rollout.temperature_at(step))
+                samples.turn_kl = learner.sequence_kl(samples.flat(), temperature)
             critic_step = observe(critic, rollouts) if critic is not None else None  # it learns while the policy does
             if critic_coef > 0:
                 samples.critic_p_passed = torch.tensor(critic_step.p_passed()).view(len(rollouts.groups), k)
@@ -251,7 +251,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
             # 4. new weights to the rollout workers
             stats, sync = {}, {"sync_s": 0.0}
             if len(sequences) >= learn.optimizer_steps * learn.num_ranks:  # else every group was uniform
-                stats = learner.train_step(sequences, learn.loss_config(step, rollout.temperature_at(step)))
+                stats = learner.train_step(sequences, learn.loss_config(step, temperature))
             t_learn = time.time()
             if stats:
                 sync = push_weights(rollouts_group)
@@ -260,7 +260,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
             record = step_record(step, t0, t_ready, t_learn, run_start, first_step, rollouts_group.version, rollout_summary,
                                  rollouts.metrics, batch.metrics, stats, sync, rewards_service.retries,
                                  critic_step.metrics() if critic_step else {}, kl_coef=learn.kl_coef_at(step),
-                                 temperature=rollout.temperature_at(step), curriculum_level=draw.curriculum.level)
+                                 temperature=temperature, curriculum_level=draw.curriculum.level)
             metrics.write("rl", step, **record)
             monitor.step_done(step, record)
             shown = rng.randrange(len(rollouts.groups))  # one group per step, to read what the policy writes

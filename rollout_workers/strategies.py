@@ -60,7 +60,7 @@ class SingleAttempt:
 class Refinement:
     def __init__(self, group: RolloutGroup, rewards: RewardClient, config: RefineConfig):
         self.first = SingleAttempt(group, rewards)
-        self.group, self.rewards, self.config = group, rewards, config
+        self.group, self.rewards, self.config = group, rewards, config  # later rounds: single samples, scored at once
 
     def run(self, tasks: list[Task], params: GenerationParams, seed: int | None) -> Rollouts:
         out = self.first.run(tasks, params, seed)
@@ -74,7 +74,9 @@ class Refinement:
             if not todo:
                 break
             prompts = [feedback_prompt(t.task, t.turns[-1].text, t.outcome.feedback, self.config.feedback_chars) for t in todo]
-            rollouts = self.group.generate(prompts, params, None if seed is None else seed + 104_729 * round_index)
+            rollouts: list = [None] * len(prompts)
+            out.metrics["rollout_retries"] += self.group.generate_each(
+                prompts, params, None if seed is None else seed + 104_729 * round_index, rollouts.__setitem__)
             scored = self.rewards.score([t.task for t in todo], [r.samples[0].text for r in rollouts])
             for trajectory, rollout, reward in zip(todo, rollouts, scored, strict=True):
                 trajectory.turns.append(Turn.of(rollout.prompt_ids, rollout.samples[0], reward))
