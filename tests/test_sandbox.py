@@ -571,11 +571,21 @@ def test_pool_runs_again_a_request_whose_sandbox_failed(ray_cluster):
     executor reports an infra_error, and the pool runs the request again (no executor was lost)."""
     pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=1))
 
-    def supervisors() -> list[psutil.Process]:
-        servers = [p for p in psutil.process_iter(["cmdline"]) if FORK_SERVER in (p.info["cmdline"] or [])]
-        return [child for server in servers for child in server.children()]
+    def supervisors() -> list[psutil.Process]:  # of this pool's one executor, none of another pool's
+        executors = named_executors(ray_cluster, pool)
+        if not executors:
+            return []
+        name, namespace = executors[0]
+        executor = ray_cluster.get_actor(name, namespace=namespace)
+        pid = ray_cluster.get(executor.__ray_call__.remote(lambda self: os.getpid()))
+        try:
+            servers = [p for p in psutil.Process(pid).children() if FORK_SERVER in p.cmdline()]
+            return [child for server in servers for child in server.children()]
+        except psutil.NoSuchProcess:  # a process that ended while we looked
+            return []
 
     try:
+        assert wait_until(lambda: len(pool.stats()["ready"]) == 1)  # its health check is done
         ref = pool.submit(sleepy_requests(1, sleep_s=3.0))[0]
         running = wait_until(supervisors)
         assert running, pool.stats()
