@@ -64,8 +64,9 @@ class ItemReward(BaseModel):
     status: Status
     diagnostics: list[Diagnostic]
     feedback: str = Field(
-        "", description="Why the program did not pass, for a model to rewrite it from: the error that ended the run "
-        "or how many tests failed, then the first failing test and its error; empty when it passed."
+        "", description="Why the program did not pass, for a model to rewrite it from, in the program's and the "
+        "tests' words only: why the run ended, the first failing test and its error, the end of the program's "
+        "stderr; empty when it passed."
     )
     token_rewards: list[float] | None = Field(description="One per completion token id; null when no token ids were given.")
 

@@ -2,6 +2,7 @@
 the pool, time it against the reference, weigh the components."""
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -16,6 +17,10 @@ from sandbox_pool import ExecutionResult, Limits, SandboxPool, Status
 
 
 FEEDBACK_CHARS = 1_000  # the most execution feedback one reward carries (a client may cut it shorter)
+# Of the detail, of a failing test's source, of its error and of the end of stderr: all of them
+# together fit in FEEDBACK_CHARS, so the cut at the end never takes the last lines of stderr.
+FEEDBACK_PART_CHARS = 200
+STDERR_LINES = 5  # the last lines of the program's stderr that feedback quotes
 
 
 class SandboxInfraError(RuntimeError):
@@ -37,17 +42,72 @@ def analyse(task: Task, completion: str) -> Analysis:
     return Analysis(extraction, program, syntax_error(program))
 
 
-def execution_feedback(task: Task, result: ExecutionResult) -> str:
+def execution_feedback(task: Task, result: ExecutionResult, limits: Limits) -> str:
     """What a programmer reads after a run that did not pass, for a model to fix its code from:
-    why the run ended (an error while loading, a limit, how many tests failed), then the first
-    failing test and its error. Empty when the run passed."""
+    why the run ended (a sentence per status, naming the request's `limits`), the first failing
+    test and the tester's error for it, and the end of the program's stderr. Only the program's and
+    the tests' own words: the sandbox's (an infra_error's detail, its paths, its log lines) are no
+    part of what a model should learn from. Empty when the run passed."""
     if result.status == Status.passed:
         return ""
-    lines = [result.detail] if result.detail else []
+    lines = [why_it_ended(result, limits)]
     failing = next((i for i, t in enumerate(result.tests) if not t.passed), None)
     if failing is not None:
-        lines += [f"first failing test: {str(task.tests[failing]).strip()}", result.tests[failing].error or "it did not pass"]
+        lines += [f"first failing test: {cut(str(task.tests[failing]).strip())}",
+                  cut(result.tests[failing].error or "it did not pass")]
+    if result.status in (Status.syntax_error, Status.runtime_error):
+        tail = stderr_tail(result.stderr)
+        if tail:
+            lines += ["the program's stderr ends with:", tail]
     return "\n".join(lines)[:FEEDBACK_CHARS]
+
+
+# The only forms of `ExecutionResult.detail` feedback repeats: the program's own error as the
+# sandbox's runner describes it (runner.serve_program, runner.run_tests), this module's
+# `did_not_compile`, and the kernel's facts about how the program ended (sandbox_pool.verdict). A
+# detail of any other form is left out, whatever the sandbox comes to write there.
+PROGRAM_DETAILS = {
+    Status.syntax_error: re.compile(r"(SyntaxError|IndentationError|TabError|ValueError): .+", re.DOTALL),
+    Status.runtime_error: re.compile(
+        r"the (program|test setup) raised \w+(: .+)?"
+        r"|the program was killed by (SIG[A-Z0-9]+ \(signal \d+\)|signal \d+)"
+        r"|the program exited with code -?\d+ before its tests finished"
+        r"|the program stopped answering its tests"
+        r"|the program wrote more than \d+ MiB of output",
+        re.DOTALL,
+    ),
+}
+
+
+def why_it_ended(result: ExecutionResult, limits: Limits) -> str:
+    said = PROGRAM_DETAILS.get(result.status)
+    detail = cut(result.detail) if said is not None and said.fullmatch(result.detail) else None
+    match result.status:
+        case Status.failed:
+            return f"Failed: {sum(not t.passed for t in result.tests)} of {result.num_tests} tests did not pass"
+        case Status.syntax_error:
+            return f"Does not compile: {detail or 'the program has a syntax error'}"
+        case Status.runtime_error:
+            return f"Runtime error: {detail or 'the program crashed or exited before its tests finished'}"
+        case Status.timeout:
+            return (f"Timed out: the program exceeded its time limit ({limits.wall_timeout_s:g} s of wall-clock "
+                    f"time, {limits.cpu_time_s} s of CPU time)")
+        case Status.memory_exceeded:
+            return f"Out of memory: the program exceeded its memory limit of {limits.memory_mb} MiB"
+        case _:  # infra_error: nothing of it is the program's
+            return "Not run: the sandbox failed; this says nothing about the program"
+
+
+def cut(text: str) -> str:
+    return text if len(text) <= FEEDBACK_PART_CHARS else text[:FEEDBACK_PART_CHARS] + " [...]"
+
+
+def stderr_tail(stderr: str) -> str:
+    """The last lines of the program's stderr (where a traceback or a crash says what went wrong).
+    A line of the supervisor's own (a sandboxed process that failed to start writes one to the
+    same descriptor) is left out."""
+    lines = [line for line in stderr.splitlines() if line.strip() and "sandbox set-up failed:" not in line]
+    return "\n".join(lines[-STDERR_LINES:])[-FEEDBACK_PART_CHARS:]
 
 
 def did_not_compile(task: Task, error: Diagnostic) -> ExecutionResult:
@@ -123,7 +183,7 @@ class RewardScorer:
             components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance),
             total=total, passed=result.status == Status.passed, status=result.status,
             diagnostics=([analysis.syntax_error] if analysis.syntax_error else []) + (diagnostics or []),
-            feedback=execution_feedback(task, result), token_rewards=None,
+            feedback=execution_feedback(task, result, self.limits), token_rewards=None,
         )
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[ItemReward]:

@@ -30,8 +30,9 @@ from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
 from sandbox_pool.verdict import classify
 
 LABEL = "coderloo.sandbox"  # every sandbox container carries it; its value is the owning backend's `owner`
-# What the executor needs: switch uids, signal the sandbox users, and clean the scratch dirs.
-CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER"]
+# What the executor needs: switch uids, signal the sandbox users, clean the scratch dirs, and
+# empty a sandboxed process's capability bounding set (SETPCAP) before it drops to the sandbox uid.
+CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER", "SETPCAP"]
 RECYCLE_STATUSES = {Status.timeout, Status.memory_exceeded, Status.infra_error}
 START_TIMEOUT_S = 30.0
 MAX_RUNS = 200  # runs of one container before it is replaced all the same
@@ -140,6 +141,7 @@ class DockerBackend:
         self._free: asyncio.Queue | None = None
         self._starting: set[asyncio.Task] = set()
         self.recycled = 0
+        self.closed = False
 
     async def _ensure_started(self) -> None:
         if self._free is None:
@@ -152,13 +154,24 @@ class DockerBackend:
             await asyncio.to_thread(old.remove)
         for attempt in range(3):
             try:
-                container = await asyncio.to_thread(Container, self.client, self.image, self.owner)
+                container = await asyncio.to_thread(self._new_container)
                 break
             except Exception:
                 if attempt == 2:
                     raise
                 await asyncio.sleep(0.5)
-        self._free.put_nowait(container)
+        if container is not None:
+            self._free.put_nowait(container)
+
+    def _new_container(self) -> Container | None:
+        """A new container, or None (and no container) if the backend was closed meanwhile: the
+        check is in the thread that makes it, which runs to its end even when the task that
+        awaits it is cancelled (at shutdown), so no container outlives a closed backend."""
+        container = Container(self.client, self.image, self.owner)
+        if self.closed:
+            container.remove()
+            return None
+        return container
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         started = time.monotonic()
@@ -191,6 +204,7 @@ class DockerBackend:
 
     def close(self) -> None:
         """Remove every container of this backend (also those still starting or running)."""
+        self.closed = True
         for container in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.owner}"}):
             try:
                 container.remove(force=True)

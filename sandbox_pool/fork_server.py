@@ -10,10 +10,15 @@ it waits on CONTROL_FD, a SOCK_SEQPACKET unix socket. Each message carries one c
 (SCM_RIGHTS) for one run; the server forks a supervisor for it (supervisor.py) and goes straight
 back to waiting, so any number of runs are in flight at once. The server itself never reads a
 request, so no test is in the memory its forks inherit. When the executor closes its end, the
-server removes its cgroups and exits.
+server exits; runs it forked finish and answer.
 
-    fork server ── supervisor (root, outside the sandbox) ─┬─ tester (uid 65533)
-                                                           └─ program (uid 65534, pid 1 of a new PID namespace)
+Nothing is left behind however the server ends (its executor closed it, or died, or it was
+SIGKILLed): its mounts live in its own mount namespace, its runs' scratch dirs in theirs, and a
+janitor forked at start waits for the server and every supervisor it forked to be gone (the end
+of a pipe they all hold), then removes the cgroups they leave (`janitor`).
+
+    fork server ── supervisor (root, outside the sandbox) ─┬─ tester (uid 65533, init of the run's PID namespace)
+                                                           └─ program (uid 65534, in that namespace)
 
 The supervisor reads the request from its socket (two frames), answers with one report frame,
 and should the executor hang up first, kills the run and answers nothing.
@@ -29,6 +34,7 @@ import sys
 # -I leaves this folder out of sys.path; put it back for these imports only, so that programs
 # cannot import the sandbox's modules by accident.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import confine  # noqa: E402
 import isolation  # noqa: E402
 import supervisor  # noqa: E402
 from protocol import send_frame  # noqa: E402
@@ -42,14 +48,42 @@ def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     work_root = sys.argv[2]
     iso, summary = isolation.probe(work_root)  # before a user namespace would map us to "nobody"
+    alive = janitor(iso.cgroup_roots)  # held by the server and every supervisor: the janitor waits for its end
+    if iso.drop_privileges:
+        confine.drop_bounding_set()  # for every process it forks: no capability comes back through exec
     isolation.unshare_network()
     print(json.dumps(summary), flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the supervisors
     gc.freeze()  # forks then share the modules' objects instead of copying the pages the collector visits
+    serve(control, iso)
+    os.close(alive)
+
+
+def janitor(cgroup_roots: dict) -> int:
+    """Fork the process that cleans up after this server, and return the write end of the pipe it
+    waits on. Every supervisor inherits that end and the sandboxed processes close it, so the
+    janitor reads its end of file once the server and all its runs are gone, however they ended.
+    Then it removes the run cgroups they left (killing what is still in one: nothing should be)
+    and the server's cgroup roots. It is forked twice (its first parent exits at once), so it is
+    no descendant of the server or the executor: Ray kills a dead worker's descendants. And it
+    starts a session of its own, out of reach of a kill of the server's process group."""
+    alive_r, alive_w = os.pipe()
+    middle = os.fork()
+    if middle != 0:
+        os.close(alive_r)
+        os.waitpid(middle, 0)
+        return alive_w
     try:
-        serve(control, iso)
+        if os.fork() != 0:
+            os._exit(0)
+        os.setsid()
+        os.closerange(0, alive_r)
+        os.closerange(alive_r + 1, 1 << 16)
+        while os.read(alive_r, 1):
+            pass
+        isolation.remove_cgroups(cgroup_roots)
     finally:
-        isolation.remove_cgroup_roots(iso.cgroup_roots)
+        os._exit(0)
 
 
 def serve(control: socket.socket, iso: supervisor.Isolation) -> None:

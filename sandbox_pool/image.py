@@ -20,7 +20,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 DOCKER_DIR = PACKAGE.parent / "docker"
 # The build context besides docker/Dockerfile (which copies all of it): the executor and what it imports.
-IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "runner.py", "protocol.py")]
+IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "runner.py", "protocol.py", "confine.py")]
 BASE_IMAGE = "coderloo-sandbox-base:bookworm"
 REPOSITORY = "coderloo-sandbox"
 DEBOOTSTRAP_PACKAGES = "python3,g++"

@@ -1,15 +1,18 @@
 """Process sandbox: programs forked from a warm fork server, isolated with what Linux offers a root
 process for free (namespaces, rlimits, an unprivileged uid); no Docker needed.
 
-Each run gets a new session, a new PID namespace (nothing the program starts outlives it), no
-network (the fork server's network namespace, unshared once, has nothing but a loopback that is
-down), rlimits on CPU, address space, file size and processes, uid/gid 65534 when we are root,
-a private mount namespace whose /tmp, /var/tmp and /dev/shm are fresh size-limited tmpfs (gone
-with the run), and, where the machine lets us create them, a cgroup per run for pids and memory
-(`ForkServer.isolation` says what is in use). The tests run in a separate tester process
-(runner.py). fork_server.py and supervisor.py say how. What this does not isolate: the rest of
-the file system beyond Unix permissions (the program can read what "nobody" can read) and,
-without cgroups, the process limit (RLIMIT_NPROC), which concurrent runs share.
+Each run gets a new session, a new PID namespace with a /proc of its own (nothing the program
+starts outlives it, and it sees no other process), the prepared root as / (the system's
+directories read-only; none of the host's other files), no network (the fork server's network
+namespace, unshared once, has nothing but a loopback that is down), rlimits on CPU, address
+space, file size and processes, uid/gid 65534 when we are root, no capabilities, no new
+privileges and a syscall filter (confine.py), a private mount namespace whose /tmp, /var/tmp and
+/dev/shm are fresh size-limited tmpfs (gone with the run), and, where the machine lets us create
+them, a cgroup per run for pids, memory and CPU (`ForkServer.isolation` says what is in use). The
+tests run in a separate tester process (runner.py). fork_server.py and supervisor.py say how.
+What this does not isolate: concurrent runs of one server share its network namespace (an
+abstract unix socket of one is reachable from another), and without cgroups the process limit
+(RLIMIT_NPROC) is shared by concurrent runs.
 
 This module is the executor's side: `ForkServer`, the server process (started again for the next
 run when it dies) and the client of its protocol. It does not raise for a run that went wrong:
@@ -38,6 +41,7 @@ FORK_SERVER = str(Path(__file__).with_name("fork_server.py"))
 # How long past its wall-clock limit a run may go unanswered before it counts as lost: the
 # supervisor needs a moment to kill, drain and clean up, and a fresh server to start.
 ANSWER_MARGIN_S = 10.0
+CLOSE_WAIT_S = 2.0  # for the fork server to exit on its own once its control socket is closed
 
 
 class SandboxUnavailable(Exception):
@@ -83,12 +87,17 @@ class ForkServer:
                                      stderr=stderr)
 
     def close(self) -> None:
-        """Stop the server; runs it already forked finish and answer. The next run starts a new one."""
+        """Stop the server; runs it already forked finish and answer. The next run starts a new one.
+        The end of its control socket tells it to exit; one that does not within CLOSE_WAIT_S (it
+        hangs) is killed. Either way its janitor removes what it leaves (fork_server.py)."""
         if self._process is None:
             return
-        self._process.kill()
-        self._process.wait()
         self._control.close()
+        try:
+            self._process.wait(CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
         # The log stays open for as long as a run that is explaining its failure holds it.
         self._process = self._control = self._log = None
 

@@ -37,6 +37,9 @@ class Limits(BaseModel):
     )
     output_mb: int = Field(8, gt=0, description="stdout and stderr together; more ends the run as a runtime_error")
     scratch_mb: int = Field(64, gt=0, description="size of the run's private /tmp, /var/tmp and /dev/shm (tmpfs)")
+    output_tail_kb: int = Field(
+        4, gt=0, le=1024, description="how much of the end of stdout and of stderr a result carries, in KiB"
+    )
 
 
 class IOTest(BaseModel):

@@ -37,7 +37,7 @@ import sys
 
 from protocol import read_frame, send_frame
 
-ERROR_CHARS = 500
+ERROR_CHARS = 500  # the most characters of an error text in a record: a test's error, a load or setup detail
 MAX_DEPTH = 100  # nesting of a plain value
 
 
@@ -321,7 +321,7 @@ def run_tests(request: dict, channel: int) -> dict:
     setup, tests = compiled[0], compiled[1:]
     error = execute(setup, namespace)
     if error is not None:
-        detail = "the test setup raised " + describe(error)
+        detail = ("the test setup raised " + describe(error))[:ERROR_CHARS]
         status = "lost" if link.gone else "runtime_error"
         return {"load": {"status": status, "detail": detail}, "tests": [], "lost": link.gone}
     outcomes = []

@@ -17,12 +17,20 @@ fresh sandboxed process (exec: nothing of the supervisor's memory survives) with
 stdin, and the supervisor compares its stdout with the expected output outside the sandbox.
 
 Every sandboxed process: a new session, rlimits (CPU, address space, file size, processes, no
-core), uid/gid 65534 with no groups, a death signal tied to the supervisor, stdin /dev/null, and
-only its own pipes. Where the environment allows (`Isolation`): a new PID namespace whose init it
-is (the kernel kills everything it started when it ends), a private mount namespace with fresh
-size-limited tmpfs on /tmp, /var/tmp and /dev/shm, and a per-run cgroup for pids and memory.
+core), uid/gid 65534 with no groups, a death signal tied to the supervisor, stdin /dev/null, only
+its own pipes, and then (confine.py) no capabilities, no new privileges and a syscall filter.
+Where the environment allows (`Isolation`):
+- a PID namespace per run (Python: the tester is its init and the program an ordinary process
+  in it; C++: one per process, with an init that passes on how it ended), so the kernel kills
+  everything the program started when the run ends, with a /proc of its own (hidepid=2: the
+  program sees only its own processes, not the tester's);
+- the prepared root (isolation.build_root) as /: the system's directories read-only, nothing
+  else of the host's files;
+- a private mount namespace per run with fresh size-limited tmpfs on /tmp, /var/tmp and /dev/shm;
+- a per-run cgroup for pids, memory (whose out-of-memory count decides memory_exceeded) and CPU
+  (an equal share per run).
 Otherwise (in a container) the supervisor kills every process of uid 65534 after the run and
-empties /tmp and /dev/shm.
+empties /tmp and /dev/shm; the container's memory cgroup is the evidence of an out-of-memory kill.
 """
 import ctypes
 import fcntl
@@ -35,10 +43,10 @@ import socket
 import time
 from dataclasses import dataclass
 
+import confine
 import runner
 from protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, read_frame, send_frame, split_frame
 
-OUTPUT_TAIL_BYTES = 4096
 CPP_STDOUT_MAX_BYTES = 2**20  # a C++ test's output is compared whole, up to this size
 RECORD_MAX_BYTES = 2**20
 STOP_GRACE_S = 2.0  # after the sandbox ended, for its output pipes to reach EOF
@@ -52,7 +60,8 @@ SHARED_NPROC = 4096
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG = 1
 
 SYS_CLONE = 56  # x86_64
@@ -72,6 +81,12 @@ class Isolation:
     cgroup_roots: dict  # controller ("pids", "memory") -> a directory to make per-run cgroups in
     kill_by_uid: bool  # after each run, kill(-1) as the sandbox uid (no PID namespace to do it)
     run_bounds_processes: bool  # a run's process count is bounded per run (pids cgroup, container), not by RLIMIT_NPROC
+    # The prepared root (isolation.build_root) in the server's mount namespace: each sandboxed
+    # process chroots into it, with a /proc of its PID namespace. None: the host's / and /proc.
+    root: str | None = None
+    # A memory cgroup that holds the whole run and no other (the container's own): its out-of-memory
+    # kill counter, read before and after the run, says whether the kernel killed for memory.
+    memory_cgroup: str | None = None
 
 
 def check(result: int, what: str) -> None:
@@ -90,7 +105,10 @@ def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = N
             report = run.python() if head["language"] == "python" else run.cpp()
         finally:
             run.clean_up()
-        if report is not None:
+        failure = run.setup_failure()
+        if failure:
+            report = {"error": failure} if report is not None else None
+        elif report is not None:
             report["anomaly"] = run.anomaly
     except Exception as e:
         report = {"error": f"the sandbox supervisor failed: {type(e).__name__}: {e}"}
@@ -114,8 +132,16 @@ class Run:
         self.output = {self.stdout: b"", self.stderr: b""}
         self.output_bytes = 0
         self.output_exceeded = False
-        self.keep_bytes = OUTPUT_TAIL_BYTES
+        self.tail_bytes = self.limits["output_tail_kb"] * 1024  # what a report carries of each stream
+        self.keep_bytes = self.tail_bytes
+        # A sandboxed process that fails to set itself up says why here, not on the run's stderr
+        # (which the program's feedback is made of): an infra_error, not the program's.
+        self.setup_failures, self.setup_failure_w = os.pipe()
+        os.set_blocking(self.setup_failures, False)
         self.killed: set[int] = set()  # pids this supervisor killed (as opposed to the kernel or themselves)
+        self.oom_before = oom_kills(iso.memory_cgroup) if iso.memory_cgroup else None
+        self.endings: dict[int, int] = {}  # an init's pid -> the pipe it says how its program ended on
+        self.tester_pidfd: int | None = None  # while a program is forked into the tester's namespaces
 
     # ---- the two languages ----
 
@@ -123,14 +149,22 @@ class Run:
         channel, channel_theirs = socket.socketpair()
         tests_r, tests_w = os.pipe()
         record_r, record_w = os.pipe()
-        tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w))
+        self.enter_run_namespaces()
+        serve = lambda: self.become_sandbox(channel.fileno(), lambda: runner.serve_program(self.head["program"], 3))  # noqa: E731
+        if self.iso.root:
+            # One PID namespace for the run, whose /proc the tester mounts at the root's (in the
+            # run's mount namespace): the tester is its init (never in the run's cgroups: the
+            # program cannot starve it), the program an ordinary process in it and a child of
+            # ours; hidepid hides each from the other. The kernel ends the namespace, and all the
+            # program left behind, with the tester.
+            tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w),
+                               new_pid_namespace=True, with_init=False, own_mounts=False)
+            program = self.fork_into(tester, serve)
+        else:
+            tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w))
+            program = self.fork(serve, new_pid_namespace=self.iso.pid_namespace)
         os.close(tests_r)
         os.close(record_w)
-        self.enter_run_namespaces()
-        program = self.fork(
-            lambda: self.become_sandbox(channel.fileno(), lambda: runner.serve_program(self.head["program"], 3)),
-            sandbox=True,
-        )
         channel.close()
         channel_theirs.close()
         self.close_output_ends()
@@ -161,7 +195,8 @@ class Run:
                 f.write(source)
             os.execvpe(CXX[0], CXX, SANDBOX_ENV)
 
-        compiler = self.fork(lambda: self.become_sandbox(None, compile_it, compile=True), sandbox=True)
+        compiler = self.fork(lambda: self.become_sandbox(None, compile_it, compile=True),
+                             new_pid_namespace=self.iso.pid_namespace)
         self.close_output_ends()
         tail = read_frame(self.in_fd)
         watched = self.watch({compiler: "program"}, until="program")
@@ -179,7 +214,7 @@ class Run:
             stdin_r, stdin_w = os.pipe()
             argv = ["./prog"]
             binary = self.fork(lambda: self.become_sandbox(None, lambda: os.execve(argv[0], argv, SANDBOX_ENV), stdin=stdin_r),
-                               sandbox=True)
+                               new_pid_namespace=self.iso.pid_namespace)
             os.close(stdin_r)
             self.close_output_ends()
             self.feed(stdin_w, test["stdin"].encode())
@@ -205,19 +240,45 @@ class Run:
 
     # ---- processes ----
 
-    def fork(self, body, sandbox: bool = False) -> int:
-        # Each sandboxed process is the init of a PID namespace of its own: when it ends, the
-        # kernel kills everything it started, including processes that left with setsid().
-        pid = fork_new_pid_namespace() if sandbox and self.iso.pid_namespace else os.fork()
+    def fork(self, body, new_pid_namespace: bool = False, with_init: bool = True, own_mounts: bool = True) -> int:
+        """Start `body` in a child. With `new_pid_namespace`, the child is the init of a PID
+        namespace of its own (with a prepared root, of a mount namespace too, for its own /proc):
+        the kernel kills everything in the namespace when the init ends, including processes that
+        left with setsid(). With `with_init` too, `body` runs in that init's one child, an ordinary
+        process, whose signals (its own SIGKILL, SIGXCPU) act as they do anywhere (an init's
+        own do not); the init passes on how it ended (`init`), and the returned pid is the init's."""
+        flags = CLONE_NEWNS if self.iso.root and own_mounts else 0  # own_mounts: for a /proc of its own
+        if not new_pid_namespace or not with_init:
+            pid = fork_new_pid_namespace(flags) if new_pid_namespace else os.fork()
+            if pid == 0:
+                run_body(body, self)
+            return pid
+        ended_r, ended_w = os.pipe()
+        pid = fork_new_pid_namespace(flags)
         if pid == 0:
-            try:
-                body()
-            except BaseException as e:
-                try:
-                    os.write(2, f"sandbox set-up failed: {type(e).__name__}: {e}\n".encode())
-                finally:
-                    os._exit(70)
-            os._exit(0)
+            os.close(ended_r)
+            init(body, ended_w, self)
+        os.close(ended_w)
+        self.endings[pid] = ended_r
+        return pid
+
+    def fork_into(self, tester: int, body) -> int:
+        """Fork `body` into the tester's PID namespace (setns for our next child, then back). The
+        /proc the tester mounts there is in the run's mount namespace, so the program sees it
+        whether it chroots before the tester mounts it or after."""
+        self.tester_pidfd = os.pidfd_open(tester)
+        own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        check(libc.setns(self.tester_pidfd, CLONE_NEWPID), "setns(CLONE_NEWPID)")
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(own)
+                run_body(body, self)
+        finally:
+            check(libc.setns(own, CLONE_NEWPID), "setns back to our PID namespace")
+            os.close(own)
+            os.close(self.tester_pidfd)
+            self.tester_pidfd = None
         return pid
 
     def close_output_ends(self) -> None:
@@ -247,8 +308,8 @@ class Run:
         os.setsid()
         limits = self.limits
         for which, value in [
-            # As a PID namespace's init, the process ignores SIGXCPU; the kernel's SIGKILL at the
-            # hard limit ends it. A second of margin tells that kill apart from others by CPU used.
+            # SIGXCPU at the soft limit, the kernel's SIGKILL at the hard one (for a program that
+            # ignores SIGXCPU). A second of margin tells that kill apart from others by CPU used.
             (resource.RLIMIT_CPU, (limits["cpu_time_s"], limits["cpu_time_s"] + 1)),
             (resource.RLIMIT_AS, (memory_mb * 2**20,) * 2),
             (resource.RLIMIT_FSIZE, (limits["file_size_mb"] * 2**20,) * 2),
@@ -266,9 +327,16 @@ class Run:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if select.select([supervisor], [], [], 0)[0]:
             os._exit(1)  # the supervisor died before the line above
-        os.closerange(max(keep) + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        failures = fcntl.fcntl(self.setup_failure_w, fcntl.F_DUPFD, max(keep) + 1)
+        os.closerange(max(keep) + 1, failures)
+        os.closerange(failures + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        confine.lock_down()  # no new privileges, no capabilities, the syscall filter: for it and all it starts
+        os.close(failures)  # set up: from here on a failure is the program's
+        self.setup_failure_w = None
 
     def become_tester(self, channel: int, tests_r: int, record_w: int) -> None:
+        if self.iso.root:
+            enter_root(self.iso.root)
         os.chdir("/")
         self.common_setup(TESTER_UID, TESTER_GID, {1: self.stdout_w, 2: self.stderr_w, 3: channel, 4: tests_r, 5: record_w},
                           max(256, self.limits["memory_mb"]), 16)
@@ -282,8 +350,10 @@ class Run:
         for path in self.cgroups:  # before the uid change: joining needs root
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
                 f.write("0")
-        with open("/proc/self/oom_score_adj", "w") as f:
+        with open("/proc/self/oom_score_adj", "w") as f:  # (the host's /proc: before the root)
             f.write("1000")  # the kernel's out-of-memory killer takes the program first
+        if self.iso.root:  # Python: in the tester's PID namespace, whose /proc the tester mounts
+            enter_root(self.iso.root, mount_proc=self.tester_pidfd is None)
         os.chdir(self.workdir)
         os.environ.clear()
         os.environ.update(SANDBOX_ENV, HOME=self.workdir, TMPDIR=self.workdir)
@@ -318,8 +388,9 @@ class Run:
             check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
             size = f"size={self.limits['scratch_mb']}m,mode=1777".encode()
             for path in SCRATCH_DIRS:
-                if os.path.isdir(path):
-                    check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount tmpfs on {path}")
+                where = (iso.root or "") + path  # the prepared root's scratch dirs, or the host's
+                if os.path.isdir(where):
+                    check(libc.mount(b"tmpfs", where.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), f"mount tmpfs on {path}")
             self.workdir = "/tmp"
         else:
             self.workdir = os.path.join(iso.work_root, "sandbox-" + os.urandom(8).hex())
@@ -332,24 +403,24 @@ class Run:
             self.cgroups.append(path)
             if controller == "pids":
                 write(path, "pids.max", str(self.limits["max_processes"]))
+            elif controller == "cpu":
+                pass  # the default share, the same for every run
             elif os.path.exists(os.path.join(path, "memory.max")):
                 write(path, "memory.max", str(self.limits["memory_mb"] * 2**20))
                 write(path, "memory.swap.max", "0", missing_ok=True)
             else:
                 write(path, "memory.limit_in_bytes", str(self.limits["memory_mb"] * 2**20))
 
-    def oom_killed(self) -> bool:
-        for path in self.cgroups:
-            for name in ("memory.events", "memory.oom_control"):
-                try:
-                    with open(os.path.join(path, name)) as f:
-                        for line in f:
-                            key, _, value = line.partition(" ")
-                            if key == "oom_kill" and int(value) > 0:
-                                return True
-                except OSError:
-                    pass
-        return False
+    def oom_killed(self) -> bool | None:
+        """Whether the kernel killed a process of the run for memory, by its own count: the run's
+        memory cgroup, or the container's before and after the run. None: nothing to ask."""
+        counts = [oom_kills(path) for path in self.cgroups]
+        known = [count for count in counts if count is not None]
+        if self.oom_before is not None:
+            after = oom_kills(self.iso.memory_cgroup)
+            if after is not None:
+                known.append(after - self.oom_before)
+        return any(count > 0 for count in known) if known else None
 
     def clean_up(self) -> None:
         if self.iso.kill_by_uid:
@@ -410,9 +481,7 @@ class Run:
                     poller.unregister(fd)
                     os.close(fd)
                     ended[name] = {
-                        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                        "cpu_s": usage.ru_utime + usage.ru_stime,
+                        **self.how_it_ended(pid, status, usage),
                         "killed": pid in self.killed,  # by us: the deadline, the output limit, or the other process ended
                     }
                     if name == until:
@@ -440,6 +509,31 @@ class Run:
             os.close(fd)
         return {"processes": ended, "timed_out": timed_out, "extra": extra, "outlived": bool(pipes - set(extra))}
 
+    def setup_failure(self) -> str:
+        try:
+            return os.read(self.setup_failures, 4096).decode("utf-8", "replace").strip()
+        except BlockingIOError:
+            return ""
+
+    def how_it_ended(self, pid: int, status: int, usage) -> dict:
+        """Exit code or signal, and CPU time: the program's as its init passed them on, else (no
+        init, or an init we killed before its program ended) the process's own."""
+        ending = self.endings.pop(pid, None)
+        if ending is not None:
+            os.set_blocking(ending, False)
+            try:
+                said = os.read(ending, 256).split()
+            except OSError:
+                said = []
+            os.close(ending)
+            if len(said) == 3:
+                code, sig, cpu_s = said
+                return {"exit_code": None if code == b"-" else int(code), "signal": None if sig == b"-" else int(sig),
+                        "cpu_s": float(cpu_s)}
+        return {"exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                "cpu_s": usage.ru_utime + usage.ru_stime}
+
     def kill_all(self, live: dict) -> None:
         for pid, _ in live.values():
             self.killed.add(pid)
@@ -458,20 +552,88 @@ class Run:
             "output_exceeded": self.output_exceeded,
             "oom_killed": self.oom_killed(),
             "outlived": watched["outlived"],
-            "stdout": self.output[self.stdout].decode("utf-8", "replace"),
-            "stderr": self.output[self.stderr].decode("utf-8", "replace"),
+            "stdout": self.output[self.stdout][-self.tail_bytes:].decode("utf-8", "replace"),
+            "stderr": self.output[self.stderr][-self.tail_bytes:].decode("utf-8", "replace"),
         }
 
 
-def fork_new_pid_namespace() -> int:
-    """fork(), with the child the init of a new PID namespace: clone(CLONE_NEWPID | SIGCHLD).
+def run_body(body, run: "Run") -> None:
+    """A child's life: `body`, then exit. A failure while it sets itself up (until common_setup
+    closes `run.setup_failure_w`, just before the program runs) is written there."""
+    try:
+        body()
+    except BaseException as e:
+        try:
+            if run.setup_failure_w is not None:
+                os.write(run.setup_failure_w, f"sandbox set-up failed: {type(e).__name__}: {e}\n".encode())
+        finally:
+            os._exit(70)
+    os._exit(0)
+
+
+def init(body, ended_w: int, run: "Run") -> None:
+    """The init of a sandboxed process's PID namespace: fork the process that runs `body`, reap
+    whatever ends in the namespace, and once that process ends write how ("CODE SIGNAL CPU_S", a
+    "-" for what does not apply) on `ended_w` and exit, which ends everything left in the
+    namespace. It stays root and holds nothing of the run but that pipe; it dies with the
+    supervisor."""
+    try:
+        program = os.fork()
+        if program == 0:
+            os.close(ended_w)
+            run_body(body, run)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.closerange(0, ended_w)
+        os.closerange(ended_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        while True:
+            pid, status, usage = os.wait4(-1, 0)
+            if pid == program:
+                code = str(os.WEXITSTATUS(status)) if os.WIFEXITED(status) else "-"
+                sig = str(os.WTERMSIG(status)) if os.WIFSIGNALED(status) else "-"
+                os.write(ended_w, f"{code} {sig} {usage.ru_utime + usage.ru_stime}".encode())
+                break
+    finally:
+        os._exit(0)
+
+
+def fork_new_pid_namespace(flags: int = 0) -> int:
+    """fork(), with the child the init of a new PID namespace: clone(CLONE_NEWPID | flags | SIGCHLD).
     (unshare(CLONE_NEWPID) would work once per process; a C++ run needs one namespace per test.)
     Python's at-fork handlers do not run; the supervisor is single-threaded, so none are needed."""
-    pid = libc.syscall(SYS_CLONE, CLONE_NEWPID | signal.SIGCHLD, 0, 0, 0, 0)
+    pid = libc.syscall(SYS_CLONE, CLONE_NEWPID | flags | signal.SIGCHLD, 0, 0, 0, 0)
     if pid < 0:
         error = ctypes.get_errno()
         raise OSError(error, f"clone(CLONE_NEWPID): {os.strerror(error)}")
     return pid
+
+
+def enter_root(root: str, mount_proc: bool = True) -> None:
+    """In a sandboxed process, still root: with `mount_proc` (the first process of a new PID
+    namespace, in the run's mount namespace or one of its own) a /proc at the root's that shows
+    only this namespace's processes; then the prepared root as / (chroot: what lies outside it
+    stays out of reach, as the process loses CAP_SYS_CHROOT with its uid and the syscall filter
+    refuses chroot, mount and pivot_root; and it holds no descriptor from outside once common_setup
+    has closed them)."""
+    if mount_proc:  # hidepid=2: of the namespace's processes, only those of one's own uid
+        check(libc.mount(b"proc", f"{root}/proc".encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2"),
+              "mount /proc")
+    os.chroot(root)
+    os.chdir("/")
+
+
+def oom_kills(cgroup: str) -> int | None:
+    """The out-of-memory kills a memory cgroup has counted (v2 memory.events, v1 memory.oom_control),
+    or None where it has no such counter."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            with open(os.path.join(cgroup, name)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except OSError:
+            pass
+    return None
 
 
 def write(directory: str, name: str, value: str, missing_ok: bool = False) -> None:

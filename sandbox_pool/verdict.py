@@ -51,6 +51,8 @@ def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[Tes
         errors = [line for line in lines if "error" in line] or lines
         return Status.syntax_error, "compilation failed: " + (errors[0] if errors else "no message"), []
     tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["cpp_tests"]]
+    if report["oom_killed"]:
+        return Status.memory_exceeded, "killed by the kernel's out-of-memory killer", tests
     if report["timed_out"]:
         return _ended(report, request.limits, tests)
     if len(tests) == len(request.tests) and all(t.passed for t in tests):
@@ -60,7 +62,13 @@ def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[Tes
 
 
 def _ended(report: dict, limits: Limits, tests: list[TestOutcome]) -> tuple[Status, str, list[TestOutcome]]:
-    """The program's process ended (or was ended) before its tests finished: how, from the kernel."""
+    """The program's process ended (or was ended) before its tests finished: how, from evidence,
+    in this order: the kernel's count of out-of-memory kills in the run (whatever came after it:
+    a program killed for memory may leave its tests waiting until the deadline), the deadline, the
+    CPU time used against its limit, the supervisor's own kills; a signal alone decides nothing."""
+    oom = report["oom_killed"]  # None: no memory cgroup to ask
+    if oom:
+        return Status.memory_exceeded, "killed by the kernel's out-of-memory killer", tests
     if report["timed_out"]:
         return Status.timeout, f"exceeded the wall-clock limit of {limits.wall_timeout_s:g} s", tests
     program = report["program"] or {}
@@ -68,16 +76,14 @@ def _ended(report: dict, limits: Limits, tests: list[TestOutcome]) -> tuple[Stat
     # SIGXCPU at the soft limit; a PID namespace's init ignores it and gets the SIGKILL at the hard one.
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s):
         return Status.timeout, f"exceeded the CPU time limit of {limits.cpu_time_s} s", tests
-    if report["oom_killed"]:
-        return Status.memory_exceeded, "killed by the out-of-memory killer", tests
     if program.get("killed"):
         # The tester ended first (it lost the program: a broken protocol) and the supervisor ended the program.
         return Status.runtime_error, "the program stopped answering its tests", tests
-    if sig == signal.SIGKILL:
-        # Not us, under the CPU limit and no cgroup to ask: taken as the kernel's out-of-memory killer.
-        return Status.memory_exceeded, "killed by SIGKILL under the CPU limit: out of memory", tests
     if sig is not None:
-        return Status.runtime_error, f"the program was killed by {_signal_name(sig)}", tests
+        # Not the sandbox, not the CPU limit, and (where a cgroup can tell) not for memory: the
+        # program itself, or something it started.
+        unknown = " (no memory cgroup to tell an out-of-memory kill)" if oom is None else ""
+        return Status.runtime_error, f"the program was killed by {_signal_name(sig)}{unknown}", tests
     code = program.get("exit_code")
     return Status.runtime_error, f"the program exited with code {code} before its tests finished", tests
 

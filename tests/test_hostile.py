@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -188,7 +190,8 @@ def leak():
 case("signal_the_parent", """import os, signal, time
 for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
     try:
-        os.kill(os.getppid(), sig)
+        if os.getppid():  # 0: the parent is outside our PID namespace (and kill(0) would hit ourselves)
+            os.kill(os.getppid(), sig)
     except OSError:
         pass
 time.sleep(0.5)
@@ -355,6 +358,86 @@ def answer(box):
     return None
 """, ["assert answer(box) == expected"], Status.failed,
      setup="expected = 'EXPECTED-@TOKEN@'\nbox = Box()\nbox.value = 1\n")
+case("read_command_lines", """import os
+def leak():
+    found = []
+    for pid in os.listdir('/proc'):
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                found.append(f.read().replace(b'\\0', b' ').decode(errors='replace'))
+        except OSError:
+            pass
+    hits = [line for line in found if 'secret-' in line]
+    print(hits)
+    if hits:
+        raise RuntimeError(hits)  # back through the test's error, and so the feedback
+    return len(found)
+""", ["assert leak() == 0"], Status.failed)  # today: the host's command lines, the planted secret among them
+case("see_the_host", """import os
+def seen():
+    found = [path for path in @HOST_PATHS@ if os.path.exists(path)]
+    print(found)
+    return found
+""", ["assert seen()"], Status.failed)
+case("namespace_and_chroot", """import ctypes, os
+def escaped():
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = []
+    if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS: root in a namespace of its own
+        done.append('unshare')
+    if libc.chroot(b'/tmp') == 0:
+        done.append('chroot')
+    pid = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        done.append('clone')
+    for flag in (0x40000000, 0x20000000, 0x04000000, 0x08000000):  # NEWNET, NEWPID, NEWUTS, NEWIPC
+        if libc.unshare(flag) == 0:
+            done.append(hex(flag))
+    print(done, open('/proc/self/status').read().split('CapInh')[1][:200])
+    return done
+""", ["assert escaped()"], Status.failed)
+case("mount_and_trace", """import ctypes, os
+def escaped():
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = []
+    if libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0:
+        done.append('mount')
+    if libc.ptrace(0, 0, 0, 0) == 0:  # PTRACE_TRACEME
+        done.append('ptrace')
+    if libc.syscall(321, 0, 0, 0) >= 0:  # bpf(BPF_MAP_CREATE)
+        done.append('bpf')
+    if libc.syscall(323, 0) >= 0:  # userfaultfd
+        done.append('userfaultfd')
+    if libc.syscall(250, 0, 0, 0, 0, 0) >= 0:  # keyctl(KEYCTL_GET_KEYRING_ID)
+        done.append('keyctl')
+    return done
+""", ["assert escaped()"], Status.failed)
+case("self_kill_after_a_success_banner", """import os, signal
+print('all tests passed', flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+""" + ADD, ADD_TESTS, Status.runtime_error)
+case("self_kill_in_test", "import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+     ADD_TESTS, Status.runtime_error)
+# The kernel's out-of-memory killer, not MemoryError: each process stays under its address-space
+# limit, the run as a whole does not (the run's memory cgroup; Docker: the container's). The
+# program's own process grows last and largest, so it is the one killed. Four at once, with the
+# rest of the suite, is the load.
+OOM_KILL = """import os, time
+def add(a, b):
+    for _ in range(3):
+        if os.fork() == 0:
+            hold = bytearray(100 * 2**20)
+            time.sleep(600)
+    time.sleep(0.5)
+    chunks = []
+    while True:
+        chunks.append(bytearray(2**20))
+"""
+for i in range(4):
+    case(f"out_of_memory_kill_under_load_{i}", OOM_KILL, ADD_TESTS, Status.memory_exceeded,
+         dict(memory_mb=768, wall_timeout_s=20.0, cpu_time_s=10))
 case("kill_the_parent_and_answer_wrong", """import os, signal
 for pid in [os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:
     if pid in (0, os.getpid()):
@@ -430,6 +513,29 @@ async def run_cases(backend, cases: dict[str, ExecutionRequest], concurrency: in
     return dict(zip(cases, results))
 
 
+def cgroups_of(server_pid: int) -> list[str]:
+    return glob.glob(f"/sys/fs/cgroup/**/coderloo-sandbox-{server_pid}", recursive=True)
+
+
+async def kill_a_fork_server(sleepy: ExecutionRequest) -> dict:
+    """SIGKILL a fork server with runs in flight: they still answer, and its janitor removes its
+    cgroups once they are over (the processes, mounts and scratch dirs are checked at the end)."""
+    from sandbox_pool import ForkServer
+
+    server = ForkServer()
+    await server.execute(sleepy)
+    pid = server._process.pid
+    made = cgroups_of(pid)
+    runs = [asyncio.ensure_future(server.execute(sleepy)) for _ in range(3)]
+    await asyncio.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    answers = await asyncio.gather(*runs)
+    wait_for(lambda: not cgroups_of(pid))
+    server.close()
+    return {"cgroups_made": len(made), "cgroups_in_use": len(server.isolation["cgroups"]), "cgroups_left": cgroups_of(pid),
+            "answers": [a.status.value for a in answers], "details": [a.detail for a in answers]}
+
+
 def child(backend_name: str, out_path: str) -> None:
     secret = os.environ[SECRET_ENV]
     report: dict = {"checks": {}}
@@ -449,11 +555,19 @@ def child(backend_name: str, out_path: str) -> None:
     secret_file.write_text(f"SECRET {secret}\n")
     secret_file.chmod(0o600)
     token = uuid.uuid4().hex
+    host_paths = [str(ROOT), str(scratch), sys.prefix] + [p for p in ("/container_info.json",) if os.path.exists(p)]
     cases = requests({"@PORT@": str(listener.getsockname()[1]), "@ABSTRACT@": abstract_name,
-                      "@SECRET_FILE@": str(secret_file), "@WRITE_DIR@": str(write_dir), "@TOKEN@": token})
+                      "@SECRET_FILE@": str(secret_file), "@WRITE_DIR@": str(write_dir), "@TOKEN@": token,
+                      "@HOST_PATHS@": repr(host_paths)})
     honest = ExecutionRequest(program=ADD, tests=ADD_TESTS, limits=Limits(**SMALL))
+    sleepy = ExecutionRequest(program="import time\ntime.sleep(2)\n" + ADD, tests=ADD_TESTS,
+                              limits=Limits(**{**SMALL, "wall_timeout_s": 10.0}))
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)
     shm_before = sandbox_uid_files("/dev/shm")
+    mounts_before = Path("/proc/self/mountinfo").read_text()
+    work_before = set(os.listdir(tempfile.gettempdir()))
+    # A process with the secret on its command line, for the programs that scan /proc.
+    planted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", secret])
 
     async def go():
         if backend_name == "process":
@@ -466,6 +580,7 @@ def child(backend_name: str, out_path: str) -> None:
             after = await backend.execute(honest)
             report["checks"]["same_fork_server"] = backend._process.pid == server_pid and backend._process.poll() is None
             backend.close()
+            report["checks"]["killed_fork_server"] = await kill_a_fork_server(sleepy)
             return first, results, after
         from sandbox_pool.docker_backend import LABEL, DockerBackend, DockerUnavailable
 
@@ -486,6 +601,14 @@ def child(backend_name: str, out_path: str) -> None:
             report["checks"]["recycled"] = backend.recycled
         finally:
             backend.close()
+        closed = DockerBackend(containers=2)  # closed with runs in flight: its containers go all the same
+        runs = [asyncio.ensure_future(closed.execute(sleepy)) for _ in range(2)]
+        await asyncio.sleep(1.5)
+        closed.close()
+        await asyncio.gather(*runs, return_exceptions=True)
+        closed_owner = {"label": f"{LABEL}={closed.owner}"}
+        wait_for(lambda: not closed.client.containers.list(all=True, filters=closed_owner))
+        report["checks"]["containers_left_closed_mid_run"] = len(closed.client.containers.list(all=True, filters=closed_owner))
         owner = {"label": f"{LABEL}={backend.owner}"}
         wait_for(lambda: not backend.client.containers.list(all=True, filters=owner))
         report["checks"]["containers_left"] = len(backend.client.containers.list(all=True, filters=owner))
@@ -508,9 +631,16 @@ def child(backend_name: str, out_path: str) -> None:
         except BlockingIOError:
             report["checks"]["connections_at_abstract"] = 0
         report["checks"]["written_in_write_dir"] = os.listdir(write_dir)
+        planted.kill()
+        planted.wait()
         wait_for(lambda: not descendants())  # the backend is closed: nothing of ours may run
         report["checks"]["processes_left"] = sorted(descendants())
         report["checks"]["new_in_dev_shm"] = sorted(sandbox_uid_files("/dev/shm") - shm_before)
+        report["checks"]["mounts_changed"] = Path("/proc/self/mountinfo").read_text() != mounts_before
+        report["checks"]["new_in_work_root"] = sorted(set(os.listdir(tempfile.gettempdir())) - work_before)
+    else:
+        planted.kill()
+        planted.wait()
     secret_file.unlink()
     for entry in write_dir.iterdir():
         entry.unlink()
@@ -565,11 +695,18 @@ def test_the_backend_is_healthy_and_nothing_leaked(suite):
     assert checks["written_in_write_dir"] == []
     assert checks["processes_left"] == []
     assert checks["new_in_dev_shm"] == []
+    assert checks["new_in_work_root"] == []
     if backend == "process":
+        assert not checks["mounts_changed"]  # (the Docker engine's own mounts come and go with its containers)
         assert checks["same_fork_server"]
+        killed = checks["killed_fork_server"]
+        assert killed["cgroups_made"] == killed["cgroups_in_use"], killed  # one root per controller in use
+        assert killed["cgroups_left"] == [], killed
+        assert killed["answers"] == ["passed"] * 3, killed  # the runs it had forked finish and answer
     else:
         assert checks["network_modes"] == ["none"]
         assert checks["containers_left"] == 0
+        assert checks["containers_left_closed_mid_run"] == 0
         assert checks["recycled"] >= 1  # timeouts and memory kills replace their containers
 
 

@@ -9,7 +9,7 @@ import ray
 from coderloo.tasksets.synthetic import synthetic_suite
 from reward_service.extract import extract
 from reward_service.lint import syntax_error
-from reward_service.scorer import RewardScorer, SandboxInfraError
+from reward_service.scorer import RewardScorer, SandboxInfraError, did_not_compile
 from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionResult, Limits, Status
 
@@ -60,7 +60,7 @@ def test_reward_components_and_dedupe(ray_cluster):
     assert [r.status for r in rewards] == [Status.passed, Status.syntax_error, Status.passed, Status.failed]
     assert rewards[0].total == pytest.approx(1.1) and rewards[0].components.syntax == 1.0
     assert rewards[1].total == 0.0 and rewards[1].components.syntax == 0.0 and rewards[1].components.functionality == 0.0
-    assert rewards[1].feedback.startswith("SyntaxError: '(' was never closed (line ")
+    assert rewards[1].feedback.startswith("Does not compile: SyntaxError: '(' was never closed (line ")
 
 
 def test_sandbox_failure_is_raised_not_scored(ray_cluster):
@@ -105,21 +105,81 @@ def test_weights_need_a_positive_weight():
         RewardWeights(syntax=0.0, functionality=0.0)
 
 
-def test_execution_feedback_names_the_first_failing_test_and_is_bounded():
+FEEDBACK_TASK = TASK.model_copy(update={"tests": ["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"]})
+OK, BAD = {"passed": True, "error": None}, {"passed": False, "error": "AssertionError"}
+
+
+def result(status, tests=(), detail="", stderr=""):
+    return ExecutionResult(status=status, tests=list(tests), num_tests=3, duration_s=0.0, detail=detail, stderr=stderr)
+
+
+def test_execution_feedback_says_why_the_run_ended_and_names_the_first_failing_test():
+    from reward_service.scorer import execution_feedback
+
+    limits = Limits(wall_timeout_s=2.5, cpu_time_s=3, memory_mb=256)
+    assert execution_feedback(FEEDBACK_TASK, result(Status.passed, [OK] * 3), limits) == ""
+    assert execution_feedback(FEEDBACK_TASK, result(Status.failed, [OK, BAD, BAD], "2 of 3 tests failed"), limits) == (
+        "Failed: 2 of 3 tests did not pass\nfirst failing test: assert f(2) == 3\nAssertionError"
+    )
+    # an error before the tests: the program's own exception, and the end of its stderr
+    raised = result(Status.runtime_error, detail="the program raised NameError: name 'g' is not defined",
+                    stderr="working...\nTraceback (most recent call last):\n  File x\nNameError: g\n")
+    assert execution_feedback(FEEDBACK_TASK, raised, limits) == (
+        "Runtime error: the program raised NameError: name 'g' is not defined\n"
+        "the program's stderr ends with:\nworking...\nTraceback (most recent call last):\n  File x\nNameError: g"
+    )
+    killed = result(Status.runtime_error, detail="the program was killed by SIGSEGV (signal 11)")
+    assert execution_feedback(FEEDBACK_TASK, killed, limits) == "Runtime error: the program was killed by SIGSEGV (signal 11)"
+    # a limit is named with the request's value, whatever the detail says
+    timeout = result(Status.timeout, [OK], "exceeded the wall-clock limit of 2.5 s")
+    assert execution_feedback(FEEDBACK_TASK, timeout, limits) == (
+        "Timed out: the program exceeded its time limit (2.5 s of wall-clock time, 3 s of CPU time)"
+    )
+    memory = result(Status.memory_exceeded, [OK, {"passed": False, "error": "MemoryError"}], "a test raised MemoryError")
+    assert execution_feedback(FEEDBACK_TASK, memory, limits) == (
+        "Out of memory: the program exceeded its memory limit of 256 MiB\n"
+        "first failing test: assert f(2) == 3\nMemoryError"
+    )
+    # the service's own compile of the program (did_not_compile) is the program's diagnosis
+    syntax = did_not_compile(FEEDBACK_TASK, syntax_error("def f(:\n    pass\n"))
+    assert execution_feedback(FEEDBACK_TASK, syntax, limits) == (
+        "Does not compile: SyntaxError: invalid syntax (line 1, column 7)"
+    )
+
+
+def test_execution_feedback_never_carries_the_sandboxs_internals():
+    from reward_service.scorer import execution_feedback
+
+    internals = "the sandbox supervisor failed: OSError: mount tmpfs on /tmp: /sys/fs/cgroup/pids/coderloo-sandbox-123"
+    setup_line = "sandbox set-up failed: PermissionError: [Errno 1] /sys/fs/cgroup/pids/coderloo-sandbox-123/cgroup.procs"
+    for status in Status:
+        if status == Status.passed:
+            continue
+        for tests in ([], [OK, BAD, BAD]):
+            feedback = execution_feedback(
+                FEEDBACK_TASK, result(status, tests, internals, stderr=f"mine\n{setup_line}\n"), Limits())
+            assert feedback and "sandbox-123" not in feedback and "supervisor" not in feedback, (status, feedback)
+    assert execution_feedback(FEEDBACK_TASK, result(Status.infra_error, [], internals), Limits()) == (
+        "Not run: the sandbox failed; this says nothing about the program"
+    )
+    # a runtime_error whose detail is not of the program's forms gets the status's own sentence
+    assert execution_feedback(FEEDBACK_TASK, result(Status.runtime_error, [], internals), Limits()) == (
+        "Runtime error: the program crashed or exited before its tests finished"
+    )
+
+
+def test_execution_feedback_is_bounded():
     from reward_service.scorer import FEEDBACK_CHARS, execution_feedback
 
-    task = TASK.model_copy(update={"tests": ["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"]})
-
-    def result(status, tests, detail=""):
-        return ExecutionResult(status=status, tests=tests, num_tests=3, duration_s=0.0, detail=detail)
-
-    ok, bad = {"passed": True, "error": None}, {"passed": False, "error": "AssertionError"}
-    assert execution_feedback(task, result(Status.passed, [ok] * 3)) == ""
-    assert execution_feedback(task, result(Status.failed, [ok, bad, bad], "2 of 3 tests failed")) == (
-        "2 of 3 tests failed\nfirst failing test: assert f(2) == 3\nAssertionError"
-    )
-    # an error before the tests: only why the run ended
-    assert execution_feedback(task, result(Status.runtime_error, [], "the program raised NameError: name 'g' is not defined")) == (
-        "the program raised NameError: name 'g' is not defined"
-    )
-    assert len(execution_feedback(task, result(Status.failed, [bad] * 3, "x" * 5000))) == FEEDBACK_CHARS
+    huge_error = {"passed": False, "error": "AssertionError: " + "e" * 10_000}
+    huge_stderr = ("x" * 999 + "\n") * 10_000  # 10 MB
+    huge_task = FEEDBACK_TASK.model_copy(update={"tests": ["assert f(1) == " + "9" * 10_000] * 3})
+    for status in Status:
+        for task in (FEEDBACK_TASK, huge_task):
+            feedback = execution_feedback(task, result(status, [huge_error] * 3, "x" * 5000, huge_stderr), Limits())
+            assert len(feedback) <= FEEDBACK_CHARS
+    # every part is cut on its own, and the end of stderr, the traceback's last line, is kept
+    crashed = result(Status.runtime_error, [huge_error], "the program raised ValueError: " + "v" * 5000,
+                     huge_stderr + "ValueError: the end\n")
+    bounded = execution_feedback(huge_task, crashed, Limits())
+    assert len(bounded) <= FEEDBACK_CHARS and bounded.count("[...]") == 3 and bounded.endswith("\nValueError: the end")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
-import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -222,17 +222,17 @@ def test_fork_bomb_is_contained_and_reaped():
 
 def test_processes_left_behind_are_killed_after_the_run():
     marker = f"sleeper-{uuid.uuid4().hex}"
-    go_dir = shared_dir()  # the sandbox user must see the go file appear
-    go = go_dir / "go"
     program = f"""
-        import os, subprocess, sys, time
+        import os, signal, subprocess, sys, time
+        go = []
+        signal.signal(signal.SIGUSR1, lambda *_: go.append(1))
         def leave_sleepers():
             sleep = [sys.executable, "-c", "import time; time.sleep(600)", {marker!r}]
             in_group = subprocess.Popen(sleep)
             # A new session leaves the process group: killpg alone would miss this one.
             escaped = subprocess.Popen(sleep, start_new_session=True)
             deadline = time.monotonic() + 30
-            while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:
+            while not go and time.monotonic() < deadline:
                 time.sleep(0.05)
             return in_group.poll() is None and escaped.poll() is None
         """
@@ -252,14 +252,10 @@ def test_processes_left_behind_are_killed_after_the_run():
             uids = [p.uids().real for p in sleepers]
             pids = [p.pid for p in sleepers]
         finally:
-            go.touch()
+            send_go(processes_with_argument(marker)[:1])
         return await task, pids, uids
 
-    try:
-        result, pids, uids = asyncio.run(run_and_watch())
-    finally:
-        go.unlink(missing_ok=True)
-        go_dir.rmdir()
+    result, pids, uids = asyncio.run(run_and_watch())
     assert result.status is Status.passed, (result.detail, result.stderr)
     assert len(pids) == 2, "the sleepers never showed up"
     if os.geteuid() == 0:
@@ -376,50 +372,57 @@ def test_pool_takes_submissions_from_several_threads(ray_cluster):
 # Not under /tmp: each run gets a private /tmp (and /var/tmp, /dev/shm) of its own. Not in the
 # checkout either: a clone may live under /tmp (a fresh clone or CI), or under a folder the
 # sandbox user may not enter.
-SHARED_ROOT = Path("/var/lib/coderloo-sandbox-tests")
 
 
-def shared_dir() -> Path:
-    """A folder the sandbox user may write in, to coordinate with the test (or other programs)."""
-    SHARED_ROOT.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir=SHARED_ROOT))
-    path.chmod(0o777)
-    return path
+# The test and a program cannot share a file (the program sees none of the host's), so they meet
+# through what the host can see of the program: it starts a marker process (a sleeper with the
+# marker in its command line), and waits for SIGUSR1, which the test sends to the marker's parent.
+WAIT_FOR_GO = """
+import signal, subprocess, sys, time
+go = []
+signal.signal(signal.SIGUSR1, lambda *_: go.append(1))
+def wait_for_go(marker):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
+    deadline = time.monotonic() + 30
+    while not go and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(go)
+"""
+
+
+def send_go(markers: list[psutil.Process]) -> None:
+    for marker in markers:
+        try:
+            marker.parent().send_signal(signal.SIGUSR1)
+        except (psutil.NoSuchProcess, AttributeError):
+            pass
 
 
 def test_runs_of_one_fork_server_run_at_the_same_time():
-    # Each program waits until all have started: they pass only if they all run at once.
+    # Each program waits for the go, which comes only once all of them are running at once.
     count = 6
-    meeting = shared_dir()
-    program = textwrap.dedent(
-        f"""
-        import os, time
-        def meet(me):
-            open(os.path.join({str(meeting)!r}, str(me)), "w").close()
-            deadline = time.monotonic() + 30
-            while len(os.listdir({str(meeting)!r})) < {count} and time.monotonic() < deadline:
-                time.sleep(0.02)
-            return len(os.listdir({str(meeting)!r})) == {count}
-        """
-    )
-    requests = [
-        ExecutionRequest(program=program, tests=[f"assert meet({i})"], limits=Limits(wall_timeout_s=60))
-        for i in range(count)
-    ]
+    marker = f"meet-{uuid.uuid4().hex}"
+    requests = [ExecutionRequest(program=WAIT_FOR_GO, tests=[f"assert wait_for_go({marker!r})"],
+                                 limits=Limits(wall_timeout_s=60)) for _ in range(count)]
 
-    async def run_all() -> list[ExecutionResult]:
+    async def run_all() -> tuple[list[ExecutionResult], int]:
         server = ForkServer()
         try:
-            return list(await asyncio.gather(*(server.execute(request) for request in requests)))
+            runs = asyncio.gather(*(server.execute(request) for request in requests))
+            most = 0
+            for _ in range(600):
+                markers = processes_with_argument(marker)
+                most = max(most, len(markers))
+                if most == count:
+                    send_go(markers)
+                    break
+                await asyncio.sleep(0.05)
+            return list(await runs), most
         finally:
             server.close()
 
-    try:
-        results = asyncio.run(run_all())
-    finally:
-        for path in meeting.iterdir():
-            path.unlink()
-        meeting.rmdir()
+    results, most = asyncio.run(run_all())
+    assert most == count
     assert [r.status for r in results] == [Status.passed] * count, [r.detail for r in results]
 
 
@@ -433,20 +436,9 @@ def fork_servers_of_this_process() -> set[int]:
 
 
 def test_a_dead_fork_server_is_replaced_and_its_forked_runs_still_answer():
-    folder = shared_dir()
-    started, go = folder / "started", folder / "go"
-    program = f"""
-        import os, time
-        def wait_for_go():
-            open({str(started)!r}, "w").close()
-            deadline = time.monotonic() + 30
-            while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            return os.path.exists({str(go)!r})
-        """
-    waiting = ExecutionRequest(
-        program=textwrap.dedent(program), tests=["assert wait_for_go()"], limits=Limits(wall_timeout_s=60)
-    )
+    marker = f"started-{uuid.uuid4().hex}"
+    waiting = ExecutionRequest(program=WAIT_FOR_GO, tests=[f"assert wait_for_go({marker!r})"],
+                               limits=Limits(wall_timeout_s=60))
     simple = ExecutionRequest(program="def f():\n    return 1\n", tests=["assert f() == 1"])
 
     async def scenario() -> tuple[ExecutionResult, ExecutionResult, int, set[int]]:
@@ -455,7 +447,7 @@ def test_a_dead_fork_server_is_replaced_and_its_forked_runs_still_answer():
         try:
             first = asyncio.create_task(server.execute(waiting))
             for _ in range(600):
-                if started.exists() or first.done():
+                if processes_with_argument(marker) or first.done():
                     break
                 await asyncio.sleep(0.05)
             (killed,) = fork_servers_of_this_process() - before
@@ -464,18 +456,13 @@ def test_a_dead_fork_server_is_replaced_and_its_forked_runs_still_answer():
                 await asyncio.sleep(0.01)
             second = await server.execute(simple)  # on a new server
             replacements = fork_servers_of_this_process() - before
-            go.touch()
+            send_go(processes_with_argument(marker))
             return await first, second, killed, replacements
         finally:
-            go.touch()
+            send_go(processes_with_argument(marker))
             server.close()
 
-    try:
-        first, second, killed, replacements = asyncio.run(scenario())
-    finally:
-        for path in folder.iterdir():
-            path.unlink()
-        folder.rmdir()
+    first, second, killed, replacements = asyncio.run(scenario())
     assert first.status is Status.passed, first.detail  # its supervisor did not need the server
     assert second.status is Status.passed, second.detail
     assert len(replacements) == 1 and killed not in replacements
@@ -536,6 +523,16 @@ def wait_until(condition, timeout_s: float = 60.0):
     return value
 
 
+def cgroups_of_dead_fork_servers() -> list[str]:
+    """The cgroup roots (isolation.make_cgroup_roots) whose fork server is gone: what its janitor failed to remove."""
+    import glob
+    import re
+
+    roots = glob.glob("/sys/fs/cgroup/**/coderloo-sandbox-*", recursive=True)
+    pids = [re.search(r"-(\d+)$", root).group(1) for root in roots]
+    return [root for root, pid in zip(roots, pids) if not os.path.exists(f"/proc/{pid}")]
+
+
 def named_executors(ray, pool: SandboxPool) -> list[tuple[str, str]]:
     from ray.util import list_named_actors
 
@@ -545,6 +542,7 @@ def named_executors(ray, pool: SandboxPool) -> list[tuple[str, str]]:
 
 def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_once(ray_cluster):
     ray = ray_cluster
+    stale_before = set(cgroups_of_dead_fork_servers())  # (a machine's leftovers from before this test)
     pool = SandboxPool(PoolSettings(min_executors=2, max_executors=2, concurrency_per_executor=4))
     try:
         requests = sleepy_requests(24, sleep_s=1.0)
@@ -560,6 +558,7 @@ def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_onc
     for i, result in enumerate(results):  # each its own request's result, none an infra_error
         assert result.status is Status.passed, (i, result.status, result.detail)
         assert result.stdout == f"{i}\n"
+    assert wait_until(lambda: not set(cgroups_of_dead_fork_servers()) - stale_before, timeout_s=30) is True
     assert stats["executors_lost"] == 1
     assert 1 <= stats["reruns"] <= 4  # what the killed executor had in flight
     assert stats["delivered"] == len(requests)  # one result per request, none twice
@@ -569,6 +568,7 @@ def test_pool_runs_again_what_a_killed_executor_had_and_delivers_each_result_onc
 def test_pool_runs_again_a_request_whose_sandbox_failed(ray_cluster):
     """The one retry of a sandbox failure: a supervisor killed under its run answers nothing, its
     executor reports an infra_error, and the pool runs the request again (no executor was lost)."""
+    stale_before = set(cgroups_of_dead_fork_servers())
     pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=1))
 
     def supervisors() -> list[psutil.Process]:  # of this pool's one executor, none of another pool's
@@ -595,6 +595,8 @@ def test_pool_runs_again_a_request_whose_sandbox_failed(ray_cluster):
         stats = pool.stats()
     finally:
         pool.shutdown()
+    # The killed supervisor left its run's cgroup behind; the server's janitor removed it.
+    assert wait_until(lambda: not set(cgroups_of_dead_fork_servers()) - stale_before, timeout_s=30) is True
     assert result.status is Status.passed and result.stdout == "0\n", (result.status, result.detail)
     assert stats["reruns"] == 1 and stats["executors_lost"] == 0 and stats["delivered"] == 1
 
