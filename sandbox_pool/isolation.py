@@ -12,15 +12,13 @@ import sys
 import time
 
 import confine
-
+from confine import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER
 from protocol import SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID
 from supervisor import (
-    CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, SCRATCH_DIRS, Isolation, check, enter_root,
+    MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, SCRATCH_DIRS, Isolation, check, enter_root,
     fork_new_pid_namespace, libc, write,
 )
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
 
 
 def unshare_network() -> None:
@@ -243,10 +241,7 @@ def sweep(base: str, prefix: str) -> None:
     for entry in entries:
         pid = entry.name[len(prefix):]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            for run in os.scandir(entry.path):
-                if run.is_dir():
-                    try_rmdir(run.path)
-            try_rmdir(entry.path)
+            remove_cgroup_root(entry.path, kill=False)
 
 
 def remove_cgroups(roots: dict, timeout_s: float = 30.0) -> None:
@@ -254,14 +249,22 @@ def remove_cgroups(roots: dict, timeout_s: float = 30.0) -> None:
     holding processes cannot go); a process on its way out may take a moment to leave."""
     deadline = time.monotonic() + timeout_s
     for root in roots.values():
-        while time.monotonic() < deadline:
-            for entry in os.scandir(root) if os.path.isdir(root) else []:
-                if entry.is_dir():
-                    kill_members(entry.path)
-                    try_rmdir(entry.path)
-            if try_rmdir(root) or not os.path.isdir(root):
-                break
+        while not remove_cgroup_root(root, kill=True) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def remove_cgroup_root(root: str, kill: bool) -> bool:
+    """One try at removing a server's cgroup root and its run cgroups (with `kill`, killing what is
+    still in them first); whether the root is gone."""
+    try:
+        runs = [entry.path for entry in os.scandir(root) if entry.is_dir()]
+    except OSError:
+        return not os.path.isdir(root)
+    for run in runs:
+        if kill:
+            kill_members(run)
+        try_rmdir(run)
+    return try_rmdir(root)
 
 
 def kill_members(cgroup: str) -> None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import confine
 import runner
+from confine import CLONE as SYS_CLONE, CLONE_NEWNS, CLONE_NEWPID
 from protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, read_frame, send_frame, split_frame
 
 CPP_STDOUT_MAX_BYTES = 2**20  # a C++ test's output is compared whole, up to this size
@@ -58,13 +59,10 @@ SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 # run, a container per run), the rlimit is only this backstop for all runs together.
 SHARED_NPROC = 4096
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG = 1
 
-SYS_CLONE = 56  # x86_64
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -141,7 +139,6 @@ class Run:
         self.killed: set[int] = set()  # pids this supervisor killed (as opposed to the kernel or themselves)
         self.oom_before = oom_kills(iso.memory_cgroup) if iso.memory_cgroup else None
         self.endings: dict[int, int] = {}  # an init's pid -> the pipe it says how its program ended on
-        self.tester_pidfd: int | None = None  # while a program is forked into the tester's namespaces
 
     # ---- the two languages ----
 
@@ -150,7 +147,7 @@ class Run:
         tests_r, tests_w = os.pipe()
         record_r, record_w = os.pipe()
         self.enter_run_namespaces()
-        serve = lambda: self.become_sandbox(channel.fileno(), lambda: runner.serve_program(self.head["program"], 3))  # noqa: E731
+        program_body = lambda: runner.serve_program(self.head["program"], 3)  # noqa: E731
         if self.iso.root:
             # One PID namespace for the run, whose /proc the tester mounts at the root's (in the
             # run's mount namespace): the tester is its init (never in the run's cgroups: the
@@ -158,11 +155,12 @@ class Run:
             # ours; hidepid hides each from the other. The kernel ends the namespace, and all the
             # program left behind, with the tester.
             tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w),
-                               new_pid_namespace=True, with_init=False, own_mounts=False)
-            program = self.fork_into(tester, serve)
+                               new_pid_namespace=True, with_init=False)
+            program = self.fork_into(tester, lambda: self.become_sandbox(channel.fileno(), program_body, own_proc=False))
         else:
             tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w))
-            program = self.fork(serve, new_pid_namespace=self.iso.pid_namespace)
+            program = self.fork(lambda: self.become_sandbox(channel.fileno(), program_body),
+                                new_pid_namespace=self.iso.pid_namespace)
         os.close(tests_r)
         os.close(record_w)
         channel.close()
@@ -240,21 +238,22 @@ class Run:
 
     # ---- processes ----
 
-    def fork(self, body, new_pid_namespace: bool = False, with_init: bool = True, own_mounts: bool = True) -> int:
+    def fork(self, body, new_pid_namespace: bool = False, with_init: bool = True) -> int:
         """Start `body` in a child. With `new_pid_namespace`, the child is the init of a PID
-        namespace of its own (with a prepared root, of a mount namespace too, for its own /proc):
-        the kernel kills everything in the namespace when the init ends, including processes that
-        left with setsid(). With `with_init` too, `body` runs in that init's one child, an ordinary
-        process, whose signals (its own SIGKILL, SIGXCPU) act as they do anywhere (an init's
-        own do not); the init passes on how it ended (`init`), and the returned pid is the init's."""
-        flags = CLONE_NEWNS if self.iso.root and own_mounts else 0  # own_mounts: for a /proc of its own
+        namespace of its own: the kernel kills everything in the namespace when the init ends,
+        including processes that left with setsid(). Without `with_init`, `body` is that init
+        (the tester: the run's namespace, whose /proc it mounts in the run's mount namespace).
+        With it, `body` runs in that init's one child, an ordinary process whose signals (its
+        own SIGKILL, SIGXCPU) act as they do anywhere (an init's own do not), in a mount namespace
+        of its own for its own /proc where there is a prepared root (C++: one namespace per
+        process); the init passes on how it ended (`init`), and the returned pid is the init's."""
         if not new_pid_namespace or not with_init:
-            pid = fork_new_pid_namespace(flags) if new_pid_namespace else os.fork()
+            pid = fork_new_pid_namespace() if new_pid_namespace else os.fork()
             if pid == 0:
                 run_body(body, self)
             return pid
         ended_r, ended_w = os.pipe()
-        pid = fork_new_pid_namespace(flags)
+        pid = fork_new_pid_namespace(CLONE_NEWNS if self.iso.root else 0)
         if pid == 0:
             os.close(ended_r)
             init(body, ended_w, self)
@@ -266,19 +265,17 @@ class Run:
         """Fork `body` into the tester's PID namespace (setns for our next child, then back). The
         /proc the tester mounts there is in the run's mount namespace, so the program sees it
         whether it chroots before the tester mounts it or after."""
-        self.tester_pidfd = os.pidfd_open(tester)
+        theirs = os.pidfd_open(tester)
         own = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        check(libc.setns(self.tester_pidfd, CLONE_NEWPID), "setns(CLONE_NEWPID)")
+        check(libc.setns(theirs, CLONE_NEWPID), "setns(CLONE_NEWPID)")
         try:
             pid = os.fork()
             if pid == 0:
-                os.close(own)
                 run_body(body, self)
         finally:
             check(libc.setns(own, CLONE_NEWPID), "setns back to our PID namespace")
             os.close(own)
-            os.close(self.tester_pidfd)
-            self.tester_pidfd = None
+            os.close(theirs)
         return pid
 
     def close_output_ends(self) -> None:
@@ -346,14 +343,16 @@ class Run:
         send_frame(5, record)
         os._exit(0)
 
-    def become_sandbox(self, channel, body, stdin=None, compile=False) -> None:
+    def become_sandbox(self, channel, body, stdin=None, compile=False, own_proc=True) -> None:
+        """`own_proc`: the first process of its PID namespace, which mounts its /proc (C++); the
+        Python program joins the tester's namespace, whose /proc the tester mounts."""
         for path in self.cgroups:  # before the uid change: joining needs root
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
                 f.write("0")
         with open("/proc/self/oom_score_adj", "w") as f:  # (the host's /proc: before the root)
             f.write("1000")  # the kernel's out-of-memory killer takes the program first
         if self.iso.root:  # Python: in the tester's PID namespace, whose /proc the tester mounts
-            enter_root(self.iso.root, mount_proc=self.tester_pidfd is None)
+            enter_root(self.iso.root, mount_proc=own_proc)
         os.chdir(self.workdir)
         os.environ.clear()
         os.environ.update(SANDBOX_ENV, HOME=self.workdir, TMPDIR=self.workdir)
@@ -385,7 +384,8 @@ class Run:
         iso = self.iso
         if iso.mount_namespace:
             check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-            check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+            if iso.root is None:  # (the server's own namespace, which holds the root, is private already)
+                check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
             size = f"size={self.limits['scratch_mb']}m,mode=1777".encode()
             for path in SCRATCH_DIRS:
                 where = (iso.root or "") + path  # the prepared root's scratch dirs, or the host's

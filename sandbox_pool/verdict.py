@@ -51,9 +51,7 @@ def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[Tes
         errors = [line for line in lines if "error" in line] or lines
         return Status.syntax_error, "compilation failed: " + (errors[0] if errors else "no message"), []
     tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["cpp_tests"]]
-    if report["oom_killed"]:
-        return Status.memory_exceeded, "killed by the kernel's out-of-memory killer", tests
-    if report["timed_out"]:
+    if report["oom_killed"] or report["timed_out"]:
         return _ended(report, request.limits, tests)
     if len(tests) == len(request.tests) and all(t.passed for t in tests):
         return Status.passed, "", tests
@@ -73,7 +71,7 @@ def _ended(report: dict, limits: Limits, tests: list[TestOutcome]) -> tuple[Stat
         return Status.timeout, f"exceeded the wall-clock limit of {limits.wall_timeout_s:g} s", tests
     program = report["program"] or {}
     sig, cpu_s = program.get("signal"), program.get("cpu_s", 0.0)
-    # SIGXCPU at the soft limit; a PID namespace's init ignores it and gets the SIGKILL at the hard one.
+    # SIGXCPU at the soft limit; a program that ignores it gets the SIGKILL at the hard one.
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s):
         return Status.timeout, f"exceeded the CPU time limit of {limits.cpu_time_s} s", tests
     if program.get("killed"):
