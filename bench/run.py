@@ -72,13 +72,17 @@ def machine() -> list[str]:
 
 def main(names: list[str], out: Path = RESULTS_DIR) -> None:
     sections, numbers = [], {}
-    for name in names or list(BENCHMARKS):
+    names = names or list(BENCHMARKS)
+    for index, name in enumerate(names, start=1):
         module = importlib.import_module(BENCHMARKS[name])
         captured = io.StringIO()
         start = time.time()
+        print(f"[bench {index}/{len(names)}] {name} (python -m {BENCHMARKS[name]}), started {time.strftime('%H:%M:%S')}",
+              flush=True)
         with contextlib.redirect_stdout(Tee(sys.stdout, captured)):
             comparisons = module.main()
         seconds = time.time() - start
+        print(f"[bench {index}/{len(names)}] {name}: done in {seconds:.0f} s", flush=True)
         numbers[name] = {"module": BENCHMARKS[name], "seconds": round(seconds, 1), "comparisons": comparisons}
         # Ray forwards the actors' logs to this stdout, prefixed with "(ActorName pid=...)", and its
         # raylet's notices (Serve's controller ending at shutdown) as "(raylet)".

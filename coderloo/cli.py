@@ -1,4 +1,4 @@
-"""The `coderloo` command: train, eval, tasks."""
+"""The `coderloo` command: train, eval, report, tasks."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 from coderloo.config import ConfigError, load_config
-from coderloo.rundir import RunDirError, check_new_file
+from coderloo.metrics import MetricsFileError, plot_training
+from coderloo.report import write_report
+from coderloo.rundir import RunDirError, claim_report
 from coderloo.runtime import apply_env_defaults
 from reward_service.tasks import TaskFileError
 
@@ -20,12 +22,23 @@ def _config(args):
 def cmd_train(args) -> int:
     from coderloo.controller import train
 
-    summary = train(_config(args), resume=args.resume, overwrite=args.overwrite)
-    print(json.dumps(summary, indent=2))
+    summary = train(_config(args), resume=args.resume, overwrite=args.overwrite, verbose=args.verbose)
+    print(stages_table({"base": summary["base"], "after SFT": summary["after_sft"], "final": summary["final"]}))
+    print(f"run directory: {summary['output_dir']} (summary.json, metrics.jsonl, logs/)")
     return 0
 
 
 def cmd_eval(args) -> int:
+    config = _config(args)
+    lock = claim_report(Path(args.out), args.overwrite) if args.out else None
+    try:
+        return _eval(args, config)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _eval(args, config) -> int:
     import ray
 
     from coderloo.controller import resolve
@@ -37,9 +50,6 @@ def cmd_eval(args) -> int:
     from rollout_workers import RolloutGroup, start_workers
     from rollout_workers.strategies import make_strategy
 
-    config = _config(args)
-    if args.out:
-        check_new_file(Path(args.out), args.overwrite)
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
     # (tasks, stop sequences) per set: the benchmark sets, or the config's evaluation set
     suites = {}
@@ -63,7 +73,7 @@ def cmd_eval(args) -> int:
         for name, (tasks, stop) in suites.items():
             started = time.monotonic()
             metrics = evaluate(strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                               stop, seed=config.train.seed)
+                               stop, seed=config.train.seed, label=name)
             results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
     finally:
         for worker in workers:
@@ -84,13 +94,33 @@ def cmd_eval(args) -> int:
 
 def results_table(results: dict[str, dict]) -> str:
     """One row per set: tasks, each pass@k and greedy pass@1 in percent."""
+    return _pass_table("set", results, with_tasks=True)
+
+
+def stages_table(evaluations: dict[str, dict]) -> str:
+    """One row per evaluation of a run (base, after SFT, final): each pass@k in percent."""
+    return _pass_table("held-out", evaluations, with_tasks=False)
+
+
+def _pass_table(first: str, results: dict[str, dict], with_tasks: bool) -> str:
     metrics = [m for m in dict.fromkeys(k for r in results.values() for k in r) if "pass@" in m]
-    header = ["set", "tasks"] + [m.replace("_", " ") for m in metrics]
-    rows = [[name, str(r["tasks"])] + [f"{100 * r[m]:.1f}%" if m in r else "-" for m in metrics] for name, r in results.items()]
+    header = [first] + (["tasks"] if with_tasks else []) + [m.replace("_", " ") for m in metrics]
+    rows = [[name] + ([str(r["tasks"])] if with_tasks else []) + [f"{100 * r[m]:.1f}%" if m in r else "-" for m in metrics]
+            for name, r in results.items()]
     widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(line, widths)) + " |" for line in [header] + rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def cmd_report(args) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: no such file (a run directory holds one)")
+    report = write_report(run_dir)
+    plot_training(run_dir / "metrics.jsonl", run_dir / "training.png")
+    print(report)
+    return 0
 
 
 def cmd_tasks(args) -> int:
@@ -135,13 +165,21 @@ def main(argv: list[str] | None = None) -> int:
                 "--overwrite", action="store_true",
                 help="replace the run in train.output_dir (without it, or --resume, a directory that holds a run is refused)",
             )
+            p.add_argument(
+                "--verbose", action="store_true",
+                help="also show Ray's, its actors' (vLLM, DeepSpeed, Serve) and the libraries' logs on the terminal "
+                "(they always go to logs/ in the run directory)",
+            )
+    p = sub.add_parser("report", help="rebuild a run's report.html and training.png from its metrics.jsonl and samples.jsonl")
+    p.add_argument("run_dir", help="the run directory (train.output_dir)")
+    p.set_defaults(fn=cmd_report)
     p = sub.add_parser("tasks", help="write the synthetic suite as JSONL files")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_tasks)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, RunDirError, TaskFileError) as e:
+    except (ConfigError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError) as e:
         print(f"coderloo: {e}", file=sys.stderr)
         return 2
 

@@ -83,6 +83,22 @@ def placement_problems(cluster: dict, config) -> list[str]:
     return problems
 
 
+def local_placement_problems(config, resources: dict[str, float]) -> list[str]:
+    """`placement_problems` on a local cluster of one node offering `resources` (what
+    coderloo.runtime.init_ray starts on this machine, or what the cluster this process is on
+    offers), and the reward service's first replicas' CPUs: what would wait forever there."""
+    cluster = {"head_node_type": "local", "available_node_types": {"local": {"resources": resources, "max_workers": 0}}}
+    problems = placement_problems(cluster, config)
+    service = config.reward
+    cpus = service.autoscaling.min_replicas * service.replica_cpus
+    if cpus > resources.get("CPU", 0):
+        problems.append(f"reward: {service.autoscaling.min_replicas} replicas x {service.replica_cpus:g} CPUs "
+                        f"(reward.autoscaling.min_replicas x reward.replica_cpus) needed, the local cluster has "
+                        f"{resources.get('CPU', 0):g}")
+    return [f"{p} (local cluster: {', '.join(f'{v:g} {k}' for k, v in sorted(resources.items()) if k in ('CPU', 'GPU', SANDBOX_RESOURCE))})"
+            for p in problems]
+
+
 def main(argv: list[str] | None = None) -> int:
     from coderloo.config import ConfigError, load_config
 

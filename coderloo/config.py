@@ -8,10 +8,10 @@ invalid config fails before anything starts, naming the field and the reason.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from coderloo.curriculum import CurriculumConfig
 from coderloo.models import TinyModelSpec
@@ -100,6 +100,25 @@ class TrainConfig(Section):
         "score, train, push); 1 generates step t+1 while the learner trains on step t. Samples are "
         "then up to this many policy versions old; truncated importance sampling corrects for it.",
     )
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where every step's metrics, every evaluation and the config go, each in the run directory: "
+        "jsonl (metrics.jsonl; always listed, as the report, plots and --resume read it), tensorboard "
+        "(tensorboard/), wandb (wandb/; offline unless WANDB_MODE says otherwise, `wandb sync` uploads it "
+        "later), mlflow (mlflow/, a SQLite store). Each but jsonl needs the pip extra of its name "
+        "(`loggers`: all three).",
+    )
+    wandb_project: str = Field(default="coderloo", description="W&B project of the run (its name: train.output_dir's last part).")
+
+    @field_validator("loggers")
+    @classmethod
+    def _jsonl_listed(cls, loggers: list[str]) -> list[str]:
+        if "jsonl" not in loggers:
+            raise ValueError("jsonl is always written (the report, the plots and --resume read metrics.jsonl): "
+                             "list it with the others")
+        if len(set(loggers)) != len(loggers):
+            raise ValueError("each logger once")
+        return loggers
 
 
 class Config(Section):

@@ -6,6 +6,7 @@ It reads top to bottom on purpose; each stage is one call into the component tha
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import threading
@@ -20,16 +21,21 @@ import torch
 from tqdm import tqdm
 
 from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
-from coderloo.config import Config, dump_config
+from coderloo.cluster_files import local_placement_problems
+from coderloo.config import Config, ConfigError, dump_config
+from coderloo.console import RunConsole
 from coderloo.curriculum import TaskDraw
 from coderloo.evaluation import evaluate
+from coderloo.loggers import RunLog, check_installed
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
+from coderloo.report import write_report
 from coderloo.rundir import claim
-from coderloo.runtime import REPO_ROOT, init_ray, metrics_endpoint
+from coderloo.runtime import LOCAL_SANDBOX_SLOTS, REPO_ROOT, init_ray, metrics_endpoint
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from common.hf import load_tokenizer
+from common.progress import working
 from learner.algorithm import build_batch, to_sequences
 from learner.critic import OUTCOMES, OnlineCritic
 from learner.group import LearnerGroup
@@ -39,6 +45,7 @@ from reward_service.schemas import ItemReward
 from rollout_workers import GenerationParams, RolloutGroup, Rollouts, WeightSyncError, start_workers
 from rollout_workers.strategies import make_strategy
 from sandbox_pool import Status
+from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
 
 
 def resolve(path: str) -> Path:
@@ -51,7 +58,8 @@ def prepare_model(config: Config) -> Path:
     if not (path / "config.json").exists():
         if not config.model.build_tiny:
             raise FileNotFoundError(f"model.path: no model at {path} (and model.build_tiny is false)")
-        build_tiny_model(path, corpus_for_tokenizer(), config.model.tiny)
+        with working(f"building the tiny model at {path} (once)"):
+            build_tiny_model(path, corpus_for_tokenizer(), config.model.tiny)
     return path
 
 
@@ -127,21 +135,45 @@ def push_weights(rollouts_group: RolloutGroup) -> dict:
         return rollouts_group.push()
 
 
-def train(config: Config, resume: bool = False, overwrite: bool = False) -> dict:
+def check_local_resources(config: Config) -> None:
+    """A local cluster's actors fit this machine (or the local cluster this process already
+    runs), before anything is written: else they would wait forever for a GPU or a resource no
+    node offers. A cluster's node types are checked against the config by `make cluster-check`."""
+    if config.ray_address:
+        return
+    if ray.is_initialized():
+        resources = ray.cluster_resources()
+    else:
+        resources = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count()), SANDBOX_RESOURCE: LOCAL_SANDBOX_SLOTS}
+    problems = local_placement_problems(config, resources)
+    if problems:
+        raise ConfigError("this config's actors do not fit the local Ray cluster:\n  " + "\n  ".join(problems))
+
+
+def train(config: Config, resume: bool = False, overwrite: bool = False, verbose: bool = False) -> dict:
     """Train into `train.output_dir`: a new directory, or with `resume` one whose run continues,
     or with `overwrite` one whose run is replaced. What can be checked is checked before anything
-    is written there, and a live run's directory is never taken (coderloo/rundir.py)."""
+    is written there, and a live run's directory is never taken (coderloo/rundir.py). The
+    terminal shows the run's own lines; the libraries' and actors' go to its logs/ (unless
+    `verbose`; coderloo/console.py)."""
+    check_installed(config.train.loggers)
     out = resolve(config.train.output_dir)
     tasks = load_tasks(config.tasks)
-    model_path = prepare_model(config)
-    lock = claim(out, resume, overwrite)
-    try:
-        return run(config, resume, out, tasks, model_path)
-    finally:
-        lock.release()
+    with RunConsole(verbose) as console:
+        model_path = prepare_model(config)
+        check_local_resources(config)
+        lock = claim(out, resume, overwrite)
+        console.log_to(out / "logs")
+        starts_ray = not ray.is_initialized()
+        try:
+            return run(config, resume, out, tasks, model_path, console)
+        finally:
+            if starts_ray:  # whoever starts Ray stops it; inside the console, so its last notices go to the log
+                ray.shutdown()
+            lock.release()
 
 
-def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dict:
+def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, console: RunConsole) -> dict:
     ckpt_root = out / "checkpoints"
     checkpoint = latest_checkpoint(ckpt_root) if resume else None
     if resume and checkpoint is None:
@@ -149,7 +181,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
     state = read_state(checkpoint) if checkpoint else None
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / "config.yaml")
-    metrics = MetricsLog(out / "metrics.jsonl", resume_from=state["step"] if state else None)
+    metrics = RunLog(config, out, resume_from=state["step"] if state else None)
     samples_log = MetricsLog(out / "samples.jsonl", resume_from=state["step"] if state else None)
     rng = random.Random(config.train.seed)
 
@@ -157,9 +189,11 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
     train_tasks, eval_tasks = tasks
     tokenizer = load_tokenizer(model_path)
     init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port)
+    console.attach_ray()
     monitor = RunMetrics(out.name)
-    tqdm.write(f"run {out.name}: Ray metrics (Prometheus) at {metrics_endpoint()}")
+    tqdm.write(f"run {out.name}: Ray metrics (Prometheus) at {metrics_endpoint()}; logs in {out / 'logs'}")
     rewards_service = RewardClient(config.reward)
+    console.quiet_loggers()  # Serve's, set up as it started
     learner = LearnerGroup(str(model_path), config.learner, sft_lr=config.sft.lr, name=out.name)
     workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name)
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync)
@@ -172,10 +206,10 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
 
         def run_eval(stage: str, step: int) -> dict[str, float]:
             result = evaluate(strategy, eval_tasks, config.eval, rollout.max_new_tokens, rollout.stop,
-                              seed=generation_seed(config, step, 1), critic=critic)
+                              seed=generation_seed(config, step, 1), critic=critic, label=f"eval {stage} step {step}")
             metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
             monitor.eval_done(result)
-            tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
+            tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if not isinstance(v, dict)))
             return result
 
         draw = TaskDraw(train_tasks, config.train.prompts_per_step, config.curriculum, rng)
@@ -265,7 +299,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
             monitor.step_done(step, record)
             shown = rng.randrange(len(rollouts.groups))  # one group per step, to read what the policy writes
             samples_log.write("rl", step, task=rollouts.groups[shown][0].task.id, completions=[t.turns[-1].text for t in rollouts.groups[shown]],
-                              rewards=batch.rewards[shown].tolist())
+                              rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in rollouts.groups[shown]])
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
             if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
                 run_eval("rl", step)
@@ -283,13 +317,16 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path) -> dic
         plot_training(out / "metrics.jsonl", out / "training.png")
         summary = {"base": base, "after_sft": after_sft, "final": final, "policy_version": rollouts_group.version, "output_dir": str(out)}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_report(out)  # last: it shows summary.json too
     finally:
+        console.ending()
         learner.kill()
         if critic is not None:
             critic.kill()
         for actor in workers:
             ray.kill(actor)
         rewards_service.close()
+        metrics.close()
     return summary
 
 

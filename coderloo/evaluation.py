@@ -1,10 +1,13 @@
 """Held-out evaluation through a rollout strategy: pass@k with the unbiased estimator, greedy
-pass@1, and with a critic, critic-guided best-of-n against a random pick of the same samples."""
+pass@1, the pass rate by difficulty and by task family, and with a critic, critic-guided
+best-of-n against a random pick of the same samples."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import comb
 
 import numpy as np
+from tqdm import tqdm
 
 from coderloo.config import EvalConfig
 from learner.critic import OnlineCritic
@@ -42,10 +45,19 @@ def vote_scores(texts: list[list[str]], weights: np.ndarray) -> np.ndarray:
     return scores
 
 
+def pass_rate_by(tasks: list[Task], passed: np.ndarray, key: Callable[[Task], object]) -> dict[str, float]:
+    """The pass rate of the tasks' samples (row i of `passed` holds task i's) for each value of
+    `key`, keyed by its string: JSON object keys, whatever the value's type."""
+    rows: dict[str, list[np.ndarray]] = {}
+    for task, row in zip(tasks, passed, strict=True):
+        rows.setdefault(str(key(task)), []).append(row)
+    return {name: float(np.mean(rows[name])) for name in sorted(rows)}
+
+
 def evaluate(
     strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
-    seed: int | None = None, critic: OnlineCritic | None = None,
-) -> dict[str, float]:
+    seed: int | None = None, critic: OnlineCritic | None = None, label: str = "eval",
+) -> dict[str, float | dict[str, float]]:
     """Held-out metrics of the trajectories `strategy` makes for `tasks`, judged by their outcomes:
     pass@k from `config.samples_per_task` samples each (with `config.sampled`), greedy pass@1
     (with `config.greedy`), and what the strategy measured of the sampled ones (refinement:
@@ -53,14 +65,21 @@ def evaluate(
 
     With a `critic`, pass@1 of its pick among each task's first `select_n` samples
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
-    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote)."""
-    metrics: dict[str, float] = {}
+    vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote).
+
+    And the pass rate by difficulty level (by_difficulty) and by task family (by_family) of the
+    sampled evaluation's samples, or of the greedy ones when there is no sampled evaluation.
+
+    A progress bar named `label` counts the tasks whose samples are generated."""
+    metrics: dict[str, float | dict[str, float]] = {}
+    breakdown = None  # (tasks, samples) passed, for the pass rates by difficulty and family
     if config.sampled:
         n = config.samples_per_task
         params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
-        rollouts = strategy.run(tasks, params, seed)
+        with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, dynamic_ncols=True) as bar:
+            rollouts = strategy.run(tasks, params, seed, bar.update)
         metrics.update({key: value for key, value in rollouts.metrics.items() if key.startswith("pass@")})
-        passed = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+        passed = breakdown = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
         metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in config.k})
         if critic is not None:
             m = critic.config.select_n
@@ -74,6 +93,12 @@ def evaluate(
             metrics["pass@1_random"] = float(passed[:, :m].mean())
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-        rollouts = strategy.run(tasks, params, None)
-        metrics["greedy_pass@1"] = float(np.mean([t.outcome.passed for t in rollouts.trajectories()]))
+        with tqdm(total=len(tasks), desc=f"{label}: greedy", unit="task", leave=False, dynamic_ncols=True) as bar:
+            rollouts = strategy.run(tasks, params, None, bar.update)
+        greedy = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+        metrics["greedy_pass@1"] = float(greedy.mean())
+        breakdown = greedy if breakdown is None else breakdown
+    if breakdown is not None:
+        metrics["by_difficulty"] = pass_rate_by(tasks, breakdown, lambda task: task.difficulty)
+        metrics["by_family"] = pass_rate_by(tasks, breakdown, lambda task: task.family)
     return metrics

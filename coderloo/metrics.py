@@ -25,8 +25,24 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
 
+class MetricsFileError(ValueError):
+    """A metrics (or samples) file that cannot be read; the message names the file and the line."""
+
+
 def read_metrics(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a MetricsLog file: each a JSON object with a phase and a step."""
+    records = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MetricsFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("phase"), str) or not isinstance(record.get("step"), int):
+            raise MetricsFileError(f"{path}:{lineno}: expected a JSON object with a phase and a step, got {line:.80}")
+        records.append(record)
+    return records
 
 
 def plot_training(metrics_path: str | Path, png_path: str | Path) -> None:
@@ -103,6 +119,7 @@ class RunMetrics:
             self.phases.set(float(record[key]), tags={**self.tags, "phase": phase})
         self.samples.inc(record["samples"], tags=self.tags)
 
-    def eval_done(self, result: dict[str, float]) -> None:
+    def eval_done(self, result: dict[str, float | dict[str, float]]) -> None:
         for metric, value in result.items():
-            self.eval.set(value, tags={**self.tags, "metric": metric})
+            if not isinstance(value, dict):  # the pass rates by difficulty and family stay in metrics.jsonl
+                self.eval.set(value, tags={**self.tags, "metric": metric})

@@ -1,5 +1,6 @@
 """Run directories that are never clobbered: a directory that holds a run is taken only to resume
-it or, when asked, to replace it, and a live run holds a lock that names it.
+it or, when asked, to replace it, and a live run holds a lock that names it. The same holds for
+the report `coderloo eval --out` writes.
 
 The lock is an exclusive `flock` on `run.lock`, held as long as the run's process lives (the
 kernel releases it when the process ends, however it ends: a killed run leaves no stale lock).
@@ -17,7 +18,8 @@ from pathlib import Path
 
 LOCK_FILE = "run.lock"
 # What a run writes at the top of its directory: any of them there means the directory holds a run.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "training.png", "checkpoints")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "training.png", "checkpoints", "logs",
+             "tensorboard", "wandb", "mlflow")  # the trackers of train.loggers (coderloo/loggers.py)
 
 
 class RunDirError(ValueError):
@@ -25,25 +27,36 @@ class RunDirError(ValueError):
 
 
 class RunLock:
-    """The lock of a live run on its directory (see the module's docstring)."""
+    """The lock of a live run on `path` (see the module's docstring); `what` names what it guards
+    in the message another run gets. With `remove`, the lock file goes when it is released (a
+    report's, next to the user's files): whoever then takes a lock checks that the file it locked
+    is still the one at `path`."""
 
-    def __init__(self, directory: Path):
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(self.fd)
-            os.close(self.fd)
-            raise RunDirError(f"{directory} is in use by a live run ({holder}); wait for it to end, or choose "
-                              "another train.output_dir") from None
+    def __init__(self, path: Path, what: str, remove: bool = False):
+        self.path, self.remove = path, remove
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(self.fd)
+                os.close(self.fd)
+                raise RunDirError(f"{what} is in use by a live run ({holder})") from None
+            try:
+                if os.stat(path).st_ino == os.fstat(self.fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)  # its holder removed it as we locked it: lock the file there now
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, json.dumps(holder).encode(), 0)
 
     def release(self) -> None:
         if self.fd is not None:
+            if self.remove:
+                self.path.unlink(missing_ok=True)
             os.close(self.fd)  # closing the descriptor releases the lock
             self.fd = None
 
@@ -65,7 +78,10 @@ def claim(directory: Path, resume: bool, overwrite: bool) -> RunLock:
     continues it) or `overwrite` (its run's files are removed first); a live run's is never taken."""
     if resume and overwrite:
         raise RunDirError("--resume continues the run in train.output_dir and --overwrite replaces it: give one of them")
-    lock = RunLock(directory)
+    try:
+        lock = RunLock(directory / LOCK_FILE, str(directory))
+    except RunDirError as e:
+        raise RunDirError(f"{e}; wait for it to end, or choose another train.output_dir") from None
     if holds_run(directory) and not (resume or overwrite):
         lock.release()
         raise RunDirError(f"{directory} holds a run already: --resume continues it, --overwrite replaces it, "
@@ -80,7 +96,15 @@ def claim(directory: Path, resume: bool, overwrite: bool) -> RunLock:
     return lock
 
 
-def check_new_file(path: Path, overwrite: bool) -> None:
-    """Refuse to replace an existing file (a report) unless `overwrite`, before any work starts."""
+def claim_report(path: Path, overwrite: bool) -> RunLock:
+    """Lock the report `path` for a run that writes it at its end (a hidden `.NAME.lock` next to
+    it, removed after), refusing, before any work starts, one that exists unless `overwrite`
+    and one that another live run is writing."""
+    try:
+        lock = RunLock(path.with_name(f".{path.name}.lock"), str(path), remove=True)
+    except RunDirError as e:
+        raise RunDirError(f"{e}; wait for it to end, or choose another --out") from None
     if path.exists() and not overwrite:
+        lock.release()
         raise RunDirError(f"{path} exists: --overwrite replaces it, or choose another --out")
+    return lock

@@ -21,6 +21,9 @@ from common.weight_sync import WeightSource
 from learner.batch import PackedBatch, TrainSequence, pack
 from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs
 
+# The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
+SHM_COMM_OP = "deepspeed_shm_comm"
+
 # One rank's share of a step: for each mini-batch (optimizer step), its micro-batches and the
 # normalizer of the whole mini-batch (over all ranks).
 Work = list[tuple[list[list[TrainSequence]], float]]
@@ -65,6 +68,13 @@ class Learner(WeightSource):
         from common.placement import node_address_and_port
 
         return node_address_and_port()
+
+    def unbuilt_ops(self) -> list[str]:
+        """The DeepSpeed ops `setup` compiles on this node first (minutes; once per machine)."""
+        from torch.utils.cpp_extension import _get_build_directory
+
+        names = [SHM_COMM_OP] if self.config.device == "cpu" else []  # DeepSpeed's CPU collectives
+        return [n for n in names if not (Path(_get_build_directory(n, verbose=False)) / f"{n}.so").exists()]
 
     def setup(self, master_addr: str, master_port: int) -> None:
         # Without the deepspeed launcher, DeepSpeed reads the rendezvous from the environment.

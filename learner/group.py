@@ -1,9 +1,12 @@
 """The learner's ranks as one object: create them, split each step among them, merge statistics."""
 from __future__ import annotations
 
+import contextlib
+
 import ray
 
 from common.placement import placement_options
+from common.progress import working
 from learner.actor import Learner, Work
 from learner.batch import TrainSequence
 from learner.losses import LossConfig
@@ -26,8 +29,12 @@ class LearnerGroup:
             for rank in range(n)
         ]
         addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
+        unbuilt = ray.get(self.ranks[0].unbuilt_ops.remote())
         # Every rank joins the group at once (init blocks until all have).
-        ray.get([r.setup.remote(addr, port) for r in self.ranks])
+        setups = [r.setup.remote(addr, port) for r in self.ranks]
+        with working(f"learner: compiling DeepSpeed's {', '.join(unbuilt)} (once per machine, about 2 min on 2 cores)") \
+                if unbuilt else contextlib.nullcontext():
+            ray.get(setups)
 
     # --- splitting work ---
 

@@ -32,6 +32,11 @@ class Task(BaseModel):
         default="test", description="Which split of its source the task belongs to."
     )
 
+    @property
+    def family(self) -> str:
+        """What kind of task it is: 'synthetic/add_const' for a synthetic task, else its source ('mbpp')."""
+        return self.id.rsplit("/", 1)[0] if self.source == "synthetic" else self.source
+
     def program(self, code: str) -> str:
         """The program that is executed for a completion's extracted code."""
         return self.prompt + code if self.prompt_is_code else code

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from collections.abc import Callable
 from typing import Protocol
 
 from reward_service.client import RewardClient
@@ -28,15 +29,18 @@ from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Tra
 
 
 class RolloutStrategy(Protocol):
-    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None) -> Rollouts:
-        """`params.n` trajectories for each of `tasks`; with `seed`, reproducibly."""
+    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
+            progress: Callable[[int], None] | None = None) -> Rollouts:
+        """`params.n` trajectories for each of `tasks`; with `seed`, reproducibly. `progress(1)` is
+        called (from a thread of the rollout group) as each task's first samples are generated."""
 
 
 class SingleAttempt:
     def __init__(self, group: RolloutGroup, rewards: RewardClient):
         self.group, self.rewards = group, rewards
 
-    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None) -> Rollouts:
+    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
+            progress: Callable[[int], None] | None = None) -> Rollouts:
         started = time.time()
         rollouts: list[PromptRollout | None] = [None] * len(tasks)
         pending: list = [None] * len(tasks)
@@ -45,6 +49,8 @@ class SingleAttempt:
             token_ids = [s.token_ids for s in rollout.samples] if self.rewards.per_token else None
             pending[index] = self.rewards.submit([tasks[index]] * len(rollout.samples), [s.text for s in rollout.samples], token_ids)
             rollouts[index] = rollout
+            if progress is not None:
+                progress(1)
 
         redos = self.group.generate_each([t.prompt for t in tasks], params, seed, score)
         generated = time.time()
@@ -62,8 +68,9 @@ class Refinement:
         self.first = SingleAttempt(group, rewards)
         self.group, self.rewards, self.config = group, rewards, config  # later rounds: single samples, scored at once
 
-    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None) -> Rollouts:
-        out = self.first.run(tasks, params, seed)
+    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
+            progress: Callable[[int], None] | None = None) -> Rollouts:
+        out = self.first.run(tasks, params, seed, progress)
         started = time.time()
         trajectories = out.trajectories()
         # Each round is one batch of single samples with the first round's sampling settings; the

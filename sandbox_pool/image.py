@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.progress import working
+
 PACKAGE = Path(__file__).resolve().parent
 DOCKER_DIR = PACKAGE.parent / "docker"
 # The build context besides docker/Dockerfile (which copies all of it): the executor and what it imports.
@@ -47,7 +49,8 @@ def build() -> str:
     with tempfile.TemporaryDirectory() as context:
         for path in [DOCKER_DIR / "Dockerfile", *IMAGE_FILES]:
             shutil.copy(path, context)
-        run(["docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", tag, context])
+        with working(f"building the sandbox image {tag}"):
+            run(["docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", tag, context], stdout=subprocess.DEVNULL)
     print(f"built sandbox image {tag}")
     return tag
 
@@ -55,16 +58,23 @@ def build() -> str:
 def build_base() -> None:
     pulled = subprocess.run(["timeout", "30", "docker", "pull", "-q", "debian:bookworm-slim"], capture_output=True)
     if pulled.returncode == 0:
-        run(["docker", "build", "-q", "-t", BASE_IMAGE, "-f", str(DOCKER_DIR / "Dockerfile.base"), str(DOCKER_DIR)])
+        with working(f"building the base image {BASE_IMAGE} from debian:bookworm-slim"):
+            run(["docker", "build", "-q", "-t", BASE_IMAGE, "-f", str(DOCKER_DIR / "Dockerfile.base"), str(DOCKER_DIR)],
+                stdout=subprocess.DEVNULL)
         return
     mirror = debian_mirror()
     print(f"no registry reachable ({pulled.stderr.decode().strip()[:120]}); debootstrap from {mirror}", flush=True)
     with tempfile.TemporaryDirectory(prefix="coderloo-rootfs-") as rootfs:
-        run(["debootstrap", "--variant=minbase", f"--include={DEBOOTSTRAP_PACKAGES}", "bookworm", rootfs, mirror])
-        tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
-        run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout)
-        if tar.wait() != 0:
-            raise RuntimeError("tar of the debootstrapped root failed")
+        # debootstrap says each package it gets and unpacks: hundreds of lines, kept for a failure
+        log = Path(tempfile.gettempdir()) / "coderloo-debootstrap.log"
+        with working(f"debootstrap of bookworm ({DEBOOTSTRAP_PACKAGES}); its log: {log}"), log.open("w") as out:
+            run(["debootstrap", "--variant=minbase", f"--include={DEBOOTSTRAP_PACKAGES}", "bookworm", rootfs, mirror],
+                stdout=out, stderr=subprocess.STDOUT)
+        with working(f"importing it as {BASE_IMAGE}"):
+            tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
+            run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, stdout=subprocess.DEVNULL)
+            if tar.wait() != 0:
+                raise RuntimeError("tar of the debootstrapped root failed")
 
 
 def debian_mirror() -> str:

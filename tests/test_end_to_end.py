@@ -14,6 +14,8 @@ from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
 from coderloo.runtime import metrics_endpoint
+from tracker_readers import (as_mlflow, logged_numbers, mlflow_numbers, mlflow_run, tensorboard_numbers, wandb_numbers,
+                             wandb_records)
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "configs" / "grafana-dashboard.json"
 
@@ -71,6 +73,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             "tasks.max_eval_tasks=6",
             "eval.samples_per_task=2",
             "eval.k=[1,2]",
+            "train.loggers=[jsonl,tensorboard,wandb,mlflow]",
         ],
     )
     scraper = MetricsScraper(metrics_endpoint())
@@ -108,7 +111,15 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
     assert [(r["stage"], r["step"]) for r in evals] == [("base", 0), ("rl", 0), ("rl", 1), ("rl", 2)]
     assert all({"pass@1", "pass@2", "greedy_pass@1"} <= set(r) for r in evals)
     assert (out / "training.png").stat().st_size > 0
+    assert (out / "report.html").stat().st_size > 0  # coderloo/report.py; tests/test_report.py opens one in Chromium
     assert json.loads((out / "summary.json").read_text())["final"] == summary["final"]
+    # every number of every SFT step, RL step and evaluation reached each tracker (tests/test_loggers.py)
+    logged = logged_numbers(records)
+    assert {("sft/sft_loss", 2), ("rl/reward_mean", 1), ("rl/reward_mean", 2), ("eval_base/pass@1", 0), ("eval/pass@1", 0),
+            ("eval/pass@1", 1), ("eval/greedy_pass@1", 2)} <= set(logged)
+    assert tensorboard_numbers(out) == pytest.approx(logged)
+    assert wandb_numbers(wandb_records(out)) == pytest.approx(logged)
+    assert mlflow_numbers(*mlflow_run(out)) == pytest.approx(as_mlflow(logged))
 
     # Ray's Prometheus endpoint carried the run's metrics while it ran: every one the Grafana
     # dashboard plots, with this run's values

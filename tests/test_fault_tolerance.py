@@ -85,7 +85,7 @@ def test_killed_rollout_worker_and_reward_replica_do_not_stop_training(ray_clust
     assert all(r["samples"] == 16 for r in steps)  # no sample lost or counted twice
     # the worker came back: its in-flight prompts were generated again, or it was restored at a push
     assert sum(r["rollout_retries"] for r in steps) >= 1 or summary["policy_version"] > 7
-    assert set(summary["final"]) == set(summary["after_sft"]) == {"greedy_pass@1"}
+    assert set(summary["final"]) == set(summary["after_sft"]) == {"greedy_pass@1", "by_difficulty", "by_family"}
 
 
 KILL_AFTER_CHECKPOINT = """
@@ -103,8 +103,9 @@ def test_killed_controller_resumes_from_the_last_checkpoint(ray_cluster, tiny_mo
     args = ["train", f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=4", "train.checkpoint_every=2",
             f"ray_address={gcs}", *SMALL]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    terminal = (tmp_path / "terminal.txt").open("w")
     proc = subprocess.Popen([sys.executable, "-c", KILL_AFTER_CHECKPOINT, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=terminal, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 600
         while not (out / "checkpoints" / "latest").exists():
@@ -117,6 +118,12 @@ def test_killed_controller_resumes_from_the_last_checkpoint(ray_cluster, tiny_mo
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert json.loads((out / "checkpoints" / "step_2" / "trainer_state.json").read_text())["step"] == 2
+    # the quiet console: the run's own lines on its terminal, the actors' and Serve's in logs/
+    shown = (tmp_path / "terminal.txt").read_text()
+    assert "rl:" in shown and "[eval base step 0]" in shown, shown[-2000:]
+    assert "pid=" not in shown and "CALL score" not in shown and "INFO" not in shown, shown[-2000:]
+    actors_log = (out / "logs" / "actors.log").read_text()
+    assert "(RolloutWorker pid=" in actors_log and "(Learner pid=" in actors_log
     def drivers_actors():
         return named("coderloo-rollout-") + named("coderloo-learner-")
 

@@ -48,10 +48,10 @@ def test_synthetic_splits_are_disjoint_and_cover_every_family():
     train, heldout = suite["train"], suite["heldout"]
     assert not {t.id for t in train} & {t.id for t in heldout}
     assert not {t.prompt for t in train} & {t.prompt for t in heldout}
-    for family in FAMILIES:
-        assert any(t.id.startswith(f"synthetic/{family.name}/") for t in heldout), family.name
-        assert any(t.id.startswith(f"synthetic/{family.name}/") for t in train), family.name
+    families = {f"synthetic/{family.name}" for family in FAMILIES}
+    assert {t.family for t in heldout} == {t.family for t in train} == families
     assert {t.difficulty for t in heldout} == {1, 2, 3}
+    assert train[0].model_copy(update={"id": "mbpp/11", "source": "mbpp"}).family == "mbpp"  # a benchmark's: its source
 
 
 def test_synthetic_references_pass_and_tests_tell_family_members_apart():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from coderloo.cli import main
-from coderloo.rundir import LOCK_FILE, RunDirError, claim
+from coderloo.rundir import LOCK_FILE, RunDirError, claim, claim_report
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD_LOCK = """
@@ -86,3 +86,45 @@ def test_eval_does_not_replace_a_report_unasked(tmp_path, capsys):
     assert main(["eval", "--out", str(report), "tasks.max_eval_tasks=1"]) == 2
     assert f"{report} exists: --overwrite replaces it" in capsys.readouterr().err
     assert report.read_text() == '{"kept": true}\n'
+
+
+HOLD_REPORT = """
+import sys, time
+from pathlib import Path
+from coderloo.rundir import claim_report
+lock = claim_report(Path(sys.argv[1]), overwrite=False)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_report_a_live_eval_is_writing_is_refused_by_name(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_REPORT, str(report)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        assert main(["eval", "--overwrite", "--out", str(report), "tasks.max_eval_tasks=1"]) == 2
+        err = capsys.readouterr().err
+        assert f"{report} is in use by a live run (pid {proc.pid} on " in err and "choose another --out" in err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not report.exists()
+    # the lock file is hidden and goes with its holder's release; a lock taken after works
+    lock = claim_report(report, overwrite=False)
+    assert (tmp_path / ".report.json.lock").exists()
+    lock.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("override, named", [
+    ("rollout.resources={gpu_node: 1}", "rollout.resources asks for `gpu_node`, which no node type offers"),
+    ("reward.replica_cpus=512", "reward.autoscaling.min_replicas x reward.replica_cpus"),
+])
+def test_actors_that_do_not_fit_the_local_cluster_are_refused_before_anything_is_written(tmp_path, tiny_model, capsys,
+                                                                                          override, named):
+    out = tmp_path / "run"
+    assert main(["train", f"train.output_dir={out}", f"model.path={tiny_model}", override]) == 2
+    err = capsys.readouterr().err
+    assert "do not fit the local Ray cluster" in err and named in err, err
+    assert not out.exists()

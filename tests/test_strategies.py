@@ -135,7 +135,9 @@ def test_evaluation_follows_the_eval_config():
     from coderloo.config import EvalConfig
     from coderloo.evaluation import evaluate
 
-    tasks = synthetic_suite()["heldout"][:2]
+    heldout = synthetic_suite()["heldout"]
+    tasks = [next(t for t in heldout if t.difficulty == level) for level in (1, 2)]  # two families, two levels
+    breakdown = {"by_difficulty": {"1": 1.0, "2": 0.0}, "by_family": {tasks[0].family: 1.0, tasks[1].family: 0.0}}
 
     def evaluate_with(config, passes):
         group, service = ScriptedGroup(), ScriptedRewards(passes)
@@ -143,8 +145,8 @@ def test_evaluation_follows_the_eval_config():
 
     # sampled only: two samples per task; one failed sample is rewritten and passes
     metrics, group = evaluate_with(EvalConfig(samples_per_task=2, k=[1, 2], greedy=False), [[True, False], [False, False], [True, False, False]])
-    assert metrics == pytest.approx({"pass@1": 0.5, "pass@2": 0.5, "pass@1_round1": 0.25, "pass@1_round2": 0.5})
+    assert metrics == {"pass@1": 0.5, "pass@2": 0.5, "pass@1_round1": 0.25, "pass@1_round2": 0.5, **breakdown}
     assert [params.temperature for _, params, _ in group.calls] == [1.0, 1.0]
     # greedy only (eval.sampled false): one greedy trajectory per task, no pass@k
     metrics, group = evaluate_with(EvalConfig(sampled=False), [[True], [False], [False]])
-    assert metrics == {"greedy_pass@1": 0.5} and group.calls[0][1].temperature == 0.0
+    assert metrics == {"greedy_pass@1": 0.5, **breakdown} and group.calls[0][1].temperature == 0.0
