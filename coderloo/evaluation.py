@@ -70,13 +70,14 @@ def evaluate(
     And the pass rate by difficulty level (by_difficulty) and by task family (by_family) of the
     sampled evaluation's samples, or of the greedy ones when there is no sampled evaluation.
 
-    A progress bar named `label` counts the tasks whose samples are generated."""
+    A progress bar named `label` counts the tasks whose samples are generated; it takes the line
+    of the training's bar while it runs (nested, it would add a line per update to a log file)."""
     metrics: dict[str, float | dict[str, float]] = {}
     breakdown = None  # (tasks, samples) passed, for the pass rates by difficulty and family
     if config.sampled:
         n = config.samples_per_task
         params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
-        with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, dynamic_ncols=True) as bar:
+        with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
             rollouts = strategy.run(tasks, params, seed, bar.update)
         metrics.update({key: value for key, value in rollouts.metrics.items() if key.startswith("pass@")})
         passed = breakdown = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
@@ -93,7 +94,7 @@ def evaluate(
             metrics["pass@1_random"] = float(passed[:, :m].mean())
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-        with tqdm(total=len(tasks), desc=f"{label}: greedy", unit="task", leave=False, dynamic_ncols=True) as bar:
+        with tqdm(total=len(tasks), desc=f"{label}: greedy", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
             rollouts = strategy.run(tasks, params, None, bar.update)
         greedy = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
         metrics["greedy_pass@1"] = float(greedy.mean())
