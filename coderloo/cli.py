@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from coderloo.config import ConfigError, load_config
+from coderloo.console import RunConsole
 from coderloo.metrics import MetricsFileError, plot_training
 from coderloo.report import write_report
 from coderloo.rundir import RunDirError, claim_report
@@ -64,21 +66,32 @@ def _eval(args, config) -> int:
     else:
         suites[config.tasks.eval_set] = (load_tasks(config.tasks)[1], config.rollout.stop)
     model = str(resolve(args.model or config.model.path))
-    init_ray(address=config.ray_address)
-    rewards_service = RewardClient(config.reward)
-    workers = start_workers(model, config.rollout, config.learner.seed)
-    strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine)
+    # the libraries' and actors' logs (coderloo/console.py): next to the report, or in a new directory
+    logs = Path(args.out).with_suffix(".logs") if args.out else Path(tempfile.mkdtemp(prefix="coderloo-eval-logs-"))
     results = {}
-    try:
-        for name, (tasks, stop) in suites.items():
-            started = time.monotonic()
-            metrics = evaluate(strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                               stop, seed=config.train.seed, label=name)
-            results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
-    finally:
-        for worker in workers:
-            ray.kill(worker)
-        rewards_service.close()
+    with RunConsole(args.verbose) as console:
+        console.log_to(logs)
+        starts_ray = not ray.is_initialized()
+        init_ray(address=config.ray_address)
+        console.attach_ray()
+        print(f"logs in {logs}", file=sys.stderr)
+        rewards_service = RewardClient(config.reward)
+        console.quiet_loggers()
+        workers = start_workers(model, config.rollout, config.learner.seed)
+        strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine)
+        try:
+            for name, (tasks, stop) in suites.items():
+                started = time.monotonic()
+                metrics = evaluate(strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
+                                   stop, seed=config.train.seed, label=name)
+                results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
+        finally:
+            console.ending()
+            for worker in workers:
+                ray.kill(worker)
+            rewards_service.close()
+            if starts_ray:
+                ray.shutdown()
     if sets:
         report = {"model": model, "samples_per_task": config.eval.samples_per_task,
                   "temperature": config.eval.temperature, "sets": results}
@@ -155,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--data-dir", default=None, help="directory of the benchmark files (default: eval.data_dir)")
             p.add_argument("--out", default=None, help="also write the JSON report to this file")
             p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
+            p.add_argument("--verbose", action="store_true",
+                           help="also show Ray's, its actors' and the libraries' logs on the terminal (they always go "
+                           "to --out's name with .logs, or to a new directory the command names)")
         if name == "train":
             p.add_argument(
                 "--resume", action="store_true",

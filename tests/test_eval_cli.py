@@ -27,9 +27,13 @@ def test_eval_on_every_benchmark_set(ray_cluster, shared_data, tmp_path, capsys)
         assert result["tasks"] == 3, name
         assert {"pass@1", "pass@2", "greedy_pass@1"} <= set(result), name
         assert result["pass@1"] == result["pass@2"] == result["greedy_pass@1"] == 0.0  # an untrained model passes nothing
-    printed = capsys.readouterr().out
-    assert results_table(report["sets"]) in printed
-    assert "| humaneval+ " in printed
+    shown = capsys.readouterr()
+    assert results_table(report["sets"]) in shown.out
+    assert "| humaneval+ " in shown.out
+    # the actors' lines went next to the report, not to the terminal
+    assert f"logs in {tmp_path / 'report.logs'}" in shown.err
+    assert "(RolloutWorker pid=" in (tmp_path / "report.logs" / "actors.log").read_text()
+    assert "pid=" not in shown.out + shown.err
 
 
 def test_eval_rejects_an_unknown_set(capsys):
