@@ -24,7 +24,7 @@ train: $(STAMP)
 	$(VENV)/bin/coderloo train --config $(CONFIG) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=20 tests
 
 # The Docker sandbox's executor image (docker/); rebuilt only when its inputs change.
 sandbox-image: $(STAMP)
