@@ -18,8 +18,8 @@ from pathlib import Path
 
 LOCK_FILE = "run.lock"
 # What a run writes at the top of its directory: any of them there means the directory holds a run.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "training.png", "report.html", "checkpoints", "logs",
-             "tensorboard", "wandb", "mlflow")  # the trackers of train.loggers (coderloo/loggers.py)
+RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "training.png", "report.html", "checkpoints",
+             "logs", "tensorboard", "wandb", "mlflow")  # the last three: the trackers of train.loggers (coderloo/loggers.py)
 
 
 class RunDirError(ValueError):
