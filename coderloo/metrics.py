@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+from reward_service.tasks import TaskFileError, jsonl_records
+
 
 class MetricsLog:
     """Appends JSON lines. `resume_from=step` keeps the records up to a checkpoint's RL step and
@@ -32,16 +34,13 @@ class MetricsFileError(ValueError):
 def read_metrics(path: str | Path) -> list[dict]:
     """The records of a MetricsLog file: each a JSON object with a phase and a step."""
     records = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MetricsFileError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("phase"), str) or not isinstance(record.get("step"), int):
-            raise MetricsFileError(f"{path}:{lineno}: expected a JSON object with a phase and a step, got {line:.80}")
-        records.append(record)
+    try:
+        for where, record in jsonl_records(Path(path)):
+            if not isinstance(record, dict) or not isinstance(record.get("phase"), str) or not isinstance(record.get("step"), int):
+                raise MetricsFileError(f"{where}: expected a JSON object with a phase and a step, got {json.dumps(record):.80}")
+            records.append(record)
+    except TaskFileError as e:  # the one JSONL reader names the file and line
+        raise MetricsFileError(str(e)) from None
     return records
 
 
