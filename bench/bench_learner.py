@@ -43,11 +43,11 @@ def measure(model: str, batch: list[TrainSequence], ranks: int) -> float:
     config = LearnerConfig(num_ranks=ranks, zero_stage=2)
     learner = LearnerGroup(model, config)
     try:
-        learner.train_step(batch, config.loss_config(1, 1.0))  # warm-up
+        learner.train_step(batch, config.loss_config(1, 1.0, 48))  # warm-up
         times = []
         for _ in range(REPEATS):
             start = time.perf_counter()
-            learner.train_step(batch, config.loss_config(1, 1.0))
+            learner.train_step(batch, config.loss_config(1, 1.0, 48))
             times.append(time.perf_counter() - start)
     finally:
         learner.kill()

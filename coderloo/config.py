@@ -100,6 +100,14 @@ class TrainConfig(Section):
         "score, train, push); 1 generates step t+1 while the learner trains on step t. Samples are "
         "then up to this many policy versions old; truncated importance sampling corrects for it.",
     )
+    max_refill_rounds: int = Field(
+        default=0, ge=0,
+        description="Dynamic sampling that refills (DAPO): while fewer than prompts_per_step of a step's groups "
+        "are informative (their k outcome rewards not all equal), up to this many further generation rounds "
+        "of new prompts (as many as the informative rate so far says are needed), then the first "
+        "prompts_per_step informative groups train. Needs learner.filter_uninformative. 0: off (a step "
+        "trains on what its one round gave).",
+    )
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["jsonl"],
         description="Where every step's metrics, every evaluation and the config go, each in the run directory: "
@@ -177,6 +185,16 @@ class Config(Section):
         if self.refine.enabled and self.learner.dense_rewards:
             raise ValueError("refine.enabled and learner.dense_rewards are not supported together: a trajectory's "
                              "attempts share its sequence advantage; turn one of them off")
+        return self
+
+    @model_validator(mode="after")
+    def _refill_filters(self) -> "Config":
+        if self.train.max_refill_rounds and not self.learner.filter_uninformative:
+            raise ValueError("train.max_refill_rounds refills the groups that learner.filter_uninformative drops: "
+                             "turn filtering on, or set max_refill_rounds to 0")
+        if self.train.max_refill_rounds and self.learner.advantage_estimator == "reinforce":
+            raise ValueError("train.max_refill_rounds: advantage_estimator reinforce keeps every group (no baseline), "
+                             "so there is nothing to refill")
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ It reads top to bottom on purpose; each stage is one call into the component tha
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -123,6 +124,37 @@ def in_background(fn, *args) -> Future:
 
     threading.Thread(target=run, name="rollouts", daemon=True).start()
     return future
+
+
+def refill(rollouts: Rollouts, wanted: int, rounds: int, generate) -> tuple[Rollouts, dict[str, float]]:
+    """DAPO's dynamic sampling: while fewer than `wanted` of the groups are informative (their k
+    outcome rewards not all equal), up to `rounds` more rounds of `generate(prompts, round)` for as
+    many new prompts as the informative rate so far says are missing (at most `wanted` a round);
+    then every uninformative group (the algorithm filters and counts them) and the first `wanted`
+    informative ones, in the order they came. Returns them and the refill's metrics."""
+    def informative(group) -> bool:
+        return len({t.outcome.total for t in group}) > 1
+
+    first = len(rollouts.groups)
+    done = 0
+    while done < rounds:
+        have = sum(informative(g) for g in rollouts.groups)
+        if have >= wanted:
+            break
+        rate = max(have / len(rollouts.groups), 1.0 / wanted)
+        done += 1
+        rollouts.extend(generate(min(wanted, math.ceil((wanted - have) / rate)), done))
+    kept, informative_kept = [], 0
+    for group in rollouts.groups:
+        if informative(group):
+            if informative_kept == wanted:
+                continue  # a surplus of the last round
+            informative_kept += 1
+        kept.append(group)
+    drawn = len(rollouts.groups)
+    rollouts.groups = kept
+    return rollouts, {"refill_rounds": done, "refill_prompts": drawn - first, "informative_groups": informative_kept,
+                      "refill_surplus_groups": drawn - len(kept)}
 
 
 def push_weights(rollouts_group: RolloutGroup) -> dict:
@@ -266,7 +298,12 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
                 jobs.append(Job(next_launch, tasks, in_background(strategy.run, tasks, params, generation_seed(config, next_launch, 0))))
                 next_launch += 1
             rollouts = jobs.popleft().rollouts.result()
-            t_ready, temperature = time.time(), rollout.temperature_at(step)
+            temperature, refill_metrics = rollout.temperature_at(step), {}
+            if config.train.max_refill_rounds:  # more prompts while too few groups are informative
+                params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_p=rollout.top_p, stop=rollout.stop)
+                rollouts, refill_metrics = refill(rollouts, config.train.prompts_per_step, config.train.max_refill_rounds,
+                                                  lambda n, r: strategy.run(draw.draw(n), params, generation_seed(config, step, 1 + r)))
+            t_ready = time.time()
             for group in rollouts.groups:
                 draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
 
@@ -277,7 +314,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             critic_step = observe(critic, rollouts) if critic is not None else None  # it learns while the policy does
             if critic_coef > 0:
                 samples.critic_p_passed = torch.tensor(critic_step.p_passed()).view(len(rollouts.groups), k)
-            batch = build_batch(samples, learn, step, critic_coef)
+            batch = build_batch(samples, learn, step, critic_coef, max_new_tokens=rollout.max_new_tokens)
             sequences = batch.sequences + (replay.reuse(batch.groups) if replay is not None else [])
             rollout_summary = rollouts.summary(rollouts_group.version)
 
@@ -285,7 +322,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             # 4. new weights to the rollout workers
             stats, sync = {}, {"sync_s": 0.0}
             if len(sequences) >= learn.optimizer_steps * learn.num_ranks:  # else every group was uniform
-                stats = learner.train_step(sequences, learn.loss_config(step, temperature))
+                stats = learner.train_step(sequences, learn.loss_config(step, temperature, rollout.max_new_tokens))
             t_learn = time.time()
             if stats:
                 sync = push_weights(rollouts_group)
@@ -294,7 +331,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             record = step_record(step, t0, t_ready, t_learn, run_start, first_step, rollouts_group.version, rollout_summary,
                                  rollouts.metrics, batch.metrics, stats, sync, rewards_service.retries,
                                  critic_step.metrics() if critic_step else {}, kl_coef=learn.kl_coef_at(step),
-                                 temperature=temperature, curriculum_level=draw.curriculum.level)
+                                 temperature=temperature, curriculum_level=draw.curriculum.level, **refill_metrics)
             metrics.write("rl", step, **record)
             monitor.step_done(step, record)
             shown = rng.randrange(len(rollouts.groups))  # one group per step, to read what the policy writes

@@ -86,14 +86,16 @@ class TaskDraw:
         self.order: list[Task] = []
         self.pending: list[list[str]] = []
 
-    def draw(self) -> list[Task]:
-        if self.pending:
+    def draw(self, n: int | None = None) -> list[Task]:
+        """A step's tasks, or `n` more (a refill round)."""
+        if self.pending and n is None:
             return [self.by_id[i] for i in self.pending.pop(0)]
+        n = self.n if n is None else n
         if self.enabled:
-            return self.curriculum.draw(self.n)
-        if len(self.order) < self.n:
+            return self.curriculum.draw(n)
+        while len(self.order) < n:
             self.order += self.rng.sample(self.tasks, len(self.tasks))
-        tasks, self.order = self.order[: self.n], self.order[self.n :]
+        tasks, self.order = self.order[:n], self.order[n:]
         return tasks
 
     def update(self, task_id: str, pass_rate: float) -> None:

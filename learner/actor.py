@@ -19,7 +19,7 @@ import torch
 
 from common.weight_sync import WeightSource
 from learner.batch import PackedBatch, TrainSequence, pack
-from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs
+from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_entropy, token_logprobs
 
 # The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -120,11 +120,15 @@ class Learner(WeightSource):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-        """Next-token logprobs at the sampler's temperature."""
+    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False):
+        """Next-token logprobs at the sampler's temperature; with `entropy`, also the masked sum of
+        the next-token distributions' entropies (from the same logits: one micro-batch's at a time)."""
         device = self.engine.device
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
-        return token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
+        logprobs = token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
+        if not entropy:
+            return logprobs
+        return logprobs, (token_entropy(logits, temperature).float().cpu() * batch.completion_mask).sum().item()
 
     def train_step(self, work: Work, loss_config: LossConfig) -> dict[str, float]:
         """Policy-gradient updates: one optimizer step per mini-batch of `work`.
@@ -141,7 +145,13 @@ class Learner(WeightSource):
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
         with torch.no_grad():
-            step_start = [[self._logprobs(self.engine, b, temperature) for b in micros] for micros, _ in minis]
+            step_start, entropy_sum = [], 0.0
+            for micros, _ in minis:
+                step_start.append([])
+                for b in micros:
+                    logprobs, entropy = self._logprobs(self.engine, b, temperature, entropy=True)
+                    step_start[-1].append(logprobs)
+                    entropy_sum += entropy
         diffs = torch.cat(
             [(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for (micros, _), olds in zip(minis, step_start) for b, o in zip(micros, olds)]
         )
@@ -169,6 +179,7 @@ class Learner(WeightSource):
         totals["sampler_logprob_diff_sum"] = diffs.sum().item()
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
         totals["tokens"] = float(diffs.numel())
+        totals["entropy_sum"] = entropy_sum  # the policy's at the step's start, over the trained tokens
         return totals
 
     def sequence_kl(self, micros: list[list[TrainSequence]], temperature: float, estimator: str) -> list[list[float]]:

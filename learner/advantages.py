@@ -38,6 +38,14 @@ def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (rewards - mean) / (std + eps)
 
 
+def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Dr. GRPO: A_i = r_i - mean_g, per group, with no division by the group's std (which weighs
+    the prompts whose samples agree most, the easiest and the hardest, the most); TRL's
+    scale_rewards="none". Needs k >= 2."""
+    _check_groups(rewards, min_k=2)
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
 def reinforce_pp_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++ with baseline (OpenRLHF's "reinforce_baseline").
 
@@ -59,6 +67,7 @@ def reinforce_advantages(rewards: torch.Tensor) -> torch.Tensor:
 ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "rloo": rloo_advantages,
     "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
     "reinforce": reinforce_advantages,
 }
@@ -87,6 +96,16 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
 def whiten(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Scale advantages to unit standard deviation over the batch (mean stays as it is: RLOO's is 0)."""
     return advantages / (advantages.std(unbiased=False) + eps)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment, a reward term per completion of `lengths` tokens: 0 up to
+    max_new_tokens - buffer tokens, then falling linearly to -penalty at max_new_tokens (and -penalty
+    for anything longer), as Eq. 13 of the DAPO paper and TRL's get_soft_overlong_punishment."""
+    if not 0 < buffer <= max_new_tokens:
+        raise ValueError(f"overlong buffer must be in 1..max_new_tokens ({max_new_tokens}), got {buffer}")
+    over = (lengths.to(torch.float) - (max_new_tokens - buffer)).clamp(min=0, max=buffer)
+    return -penalty * over / buffer
 
 
 def dense_advantages(

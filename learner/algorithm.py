@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from learner.advantages import compute_advantages, dense_advantages, informative_groups, whiten
+from learner.advantages import compute_advantages, dense_advantages, informative_groups, overlong_penalty, whiten
 from learner.batch import TrainSequence
 from learner.config import LearnerConfig
 from rollout_workers.types import Trajectory
@@ -49,7 +49,7 @@ class Batch:
 def to_sequences(groups: list[list[Trajectory]], token_rewards: bool = False) -> StepSamples:
     """StepSamples of trajectories grouped k per prompt; with `token_rewards`, each (single-turn)
     trajectory's per-token rewards, which must match its tokens."""
-    sequences = [[[TrainSequence(turn.prompt_ids, turn.token_ids, turn.sampler_logprobs, mask=turn.policy_mask)
+    sequences = [[[TrainSequence(turn.prompt_ids, turn.token_ids, turn.sampler_logprobs, mask=turn.policy_mask, truncated=turn.truncated)
                    for turn in trajectory.turns] for trajectory in group] for group in groups]
     rewards = torch.tensor([[t.outcome.total for t in group] for group in groups])
     samples = StepSamples(sequences, rewards)
@@ -70,11 +70,24 @@ def _token_rewards(trajectory: Trajectory, g: int, j: int) -> list[float]:
     return rewards
 
 
-def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_coef: float = 0.0) -> Batch:
+def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_coef: float = 0.0,
+                max_new_tokens: int | None = None) -> Batch:
     """Per-token advantages of every turn of the kept groups (each turn of a trajectory with the
-    trajectory's advantage), and the step's algorithm metrics."""
+    trajectory's advantage), and the step's algorithm metrics. `max_new_tokens` (the rollout's) is
+    needed by the overlong penalty."""
     rewards, metrics = samples.rewards, {}
     groups, k = rewards.shape
+    truncated = [[[seq.truncated for seq in trajectory] for trajectory in group] for group in samples.sequences]
+    metrics["truncated_fraction"] = sum(t for group in truncated for trajectory in group for t in trajectory) / max(len(samples.flat()), 1)
+    if config.overlong_buffer:
+        # a reward term of each trajectory: the sum of its turns' penalties (one turn: DAPO's)
+        if max_new_tokens is None:
+            raise ValueError("learner.overlong_buffer: the rollout's max_new_tokens is needed")
+        lengths = [torch.tensor([len(seq.completion_ids) for seq in trajectory]) for group in samples.sequences for trajectory in group]
+        penalty = torch.stack([overlong_penalty(n, max_new_tokens, config.overlong_buffer, config.overlong_penalty).sum()
+                               for n in lengths]).view(groups, k)
+        rewards = rewards + penalty
+        metrics["overlong_penalty_mean"] = float(penalty.mean())
     kl_coef = config.kl_coef_at(step)
     if config.kl_in == "reward" and kl_coef > 0:
         if samples.turn_kl is None:
@@ -112,6 +125,8 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
             for seq in trajectory:
                 n = len(seq.completion_ids)
                 seq.advantages = token_advantages[g, j, :n].tolist() if token_advantages is not None else [float(advantages[g, j])] * n
+                if config.mask_truncated and seq.truncated:
+                    seq.mask = [False] * n  # out of the loss; its reward still counted in the baseline
         kept.append([seq for trajectory in samples.sequences[g] for seq in trajectory])
     metrics["groups_filtered"] = int((~keep).sum())
     return Batch(kept, keep, rewards, metrics)

@@ -16,6 +16,7 @@ class TrainSequence:
     sampler_logprobs: list[float] | None = None  # None: not sampled (SFT references, critic inputs)
     advantages: list[float] | None = None  # None: not yet computed (learner.algorithm.build_batch sets them)
     mask: list[bool] | None = None  # None: every completion token is trained on
+    truncated: bool = False  # cut at max_new_tokens by the engine
 
 
 @dataclass

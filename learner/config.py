@@ -32,24 +32,70 @@ class LearnerConfig(Section):
         description="Token budget of one forward/backward pass (rows x longest sequence, padding "
         "included); a mini-batch is packed into as many micro-batches as it needs.",
     )
-    loss_aggregation: Literal["token_mean", "seq_mean_token_sum"] = Field(
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
         default="token_mean",
-        description="token_mean: sum of token losses / tokens in the mini-batch (long completions weigh "
-        "more); seq_mean_token_sum: sum of token losses / sequences (each token weighs the same "
-        "whatever its completion's length).",
+        description="What a mini-batch's token losses are divided by. token_mean: the mini-batch's trained "
+        "tokens (DAPO; long completions weigh more); seq_mean_token_mean: each sequence's mean, then the mean "
+        "over sequences (the original GRPO; a token of a short completion weighs more); seq_mean_token_sum: "
+        "the sequence count (each token weighs the same whatever its completion's length); "
+        "seq_mean_token_sum_norm: the sequence count times rollout.max_new_tokens (Dr. GRPO: a constant).",
     )
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
-    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio.")
+    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio (both sides unless clip_eps_low/high say otherwise).")
+    clip_eps_low: float | None = Field(default=None, gt=0, lt=1, description="The ratio's lower clip 1 - clip_eps_low (null: clip_eps).")
+    clip_eps_high: float | None = Field(
+        default=None, gt=0,
+        description="The ratio's upper clip 1 + clip_eps_high (null: clip_eps); DAPO's clip-higher is 0.28 "
+        "against a low of 0.2. With policy_loss cispo, the importance weight's cap.",
+    )
+    clip_ratio_c: float | None = Field(
+        default=None, gt=1,
+        description="Dual clip: the loss of a token with a negative advantage is at most -clip_ratio_c x A "
+        "(its ratio's pull is bounded however far the policy moved; 3 in the dual-clip PPO paper). Null: off.",
+    )
+    clip_delta: float | None = Field(
+        default=None, gt=1,
+        description="Two-sided clip (TRL's delta): the unclipped ratio is capped at clip_delta, so a negative "
+        "advantage's loss stays bounded. Null: off.",
+    )
+    policy_loss: Literal["clip", "cispo", "sapo", "vespo"] = Field(
+        default="clip",
+        description="The surrogate (learner/losses.py policy_loss): clip (PPO's clipped ratio; GRPO, DAPO, "
+        "Dr. GRPO, GSPO); cispo (a clipped, stop-gradient importance weight on a REINFORCE term: MiniMax-M1); "
+        "sapo (a soft sigmoid gate in place of the clip); vespo (a gamma weight of the sequence's ratio).",
+    )
+    importance_level: Literal["token", "sequence"] = Field(
+        default="token",
+        description="token: a ratio per token; sequence (GSPO): the length-normalized geometric mean of a "
+        "sequence's token ratios, clipped per sequence.",
+    )
+    sapo_tau_pos: float = Field(default=1.0, gt=0, description="policy_loss sapo: the gate's temperature for positive advantages.")
+    sapo_tau_neg: float = Field(default=1.05, gt=0, description="policy_loss sapo: the gate's temperature for negative advantages.")
+    vespo_k_pos: float = Field(default=2.0, ge=0, description="policy_loss vespo: the gamma weight's k for advantages >= 0.")
+    vespo_lambda_pos: float = Field(default=3.0, gt=0, description="policy_loss vespo: the gamma weight's lambda for advantages >= 0.")
+    vespo_k_neg: float = Field(default=3.0, ge=0, description="policy_loss vespo: the gamma weight's k for negative advantages.")
+    vespo_lambda_neg: float = Field(default=2.0, gt=0, description="policy_loss vespo: the gamma weight's lambda for negative advantages.")
+    mask_truncated: bool = Field(
+        default=False,
+        description="Leave completions cut by max_new_tokens (finish reason 'length') out of the loss: their "
+        "rewards still count in their group's baseline (DAPO's overlong filtering; TRL's mask_truncated_completions).",
+    )
+    overlong_buffer: int = Field(
+        default=0, ge=0,
+        description="DAPO's soft overlong penalty: a completion longer than max_new_tokens - overlong_buffer "
+        "tokens loses overlong_penalty x the share of the buffer it used, as a term of its reward (0: off).",
+    )
+    overlong_penalty: float = Field(default=1.0, ge=0, description="The soft overlong penalty at max_new_tokens (with overlong_buffer).")
     tis_cap: float | None = Field(
         default=2.0, gt=0,
         description="Truncated importance sampling: each token's loss is weighted by "
         "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
         "learner's probabilities (null: no correction).",
     )
-    advantage_estimator: Literal["rloo", "grpo", "reinforce_pp", "reinforce"] = Field(
+    advantage_estimator: Literal["rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce"] = Field(
         default="rloo",
-        description="rloo: leave-one-out baseline; grpo: group mean and std; reinforce_pp: group "
-        "mean baseline, batch std; reinforce: no baseline (for comparison).",
+        description="rloo: leave-one-out baseline; grpo: group mean and std; dr_grpo: group mean, no std "
+        "(Dr. GRPO); reinforce_pp: group mean baseline, batch std; reinforce: no baseline (for comparison).",
     )
     filter_uninformative: bool = Field(
         default=True,
@@ -96,6 +142,8 @@ class LearnerConfig(Section):
                 f"dense_rewards needs advantage_estimator 'rloo' (its per-token term is a leave-one-out "
                 f"baseline in reward units), got {self.advantage_estimator!r}"
             )
+        if self.overlong_buffer and self.overlong_penalty == 0:
+            raise ValueError("overlong_buffer is set but overlong_penalty is 0: the penalty would do nothing")
         return self
 
     def kl_coef_at(self, step: int) -> float:
@@ -105,12 +153,18 @@ class LearnerConfig(Section):
         frac = min(1.0, (step - 1) / self.kl_schedule_steps)
         return self.kl_coef + (self.kl_coef_final - self.kl_coef) * frac
 
-    def loss_config(self, step: int, temperature: float) -> LossConfig:
-        """The learner's loss at RL step `step` for samples drawn at `temperature` (a KL in the
-        reward is the algorithm's, not the loss's)."""
+    def loss_config(self, step: int, temperature: float, max_new_tokens: int) -> LossConfig:
+        """The learner's loss at RL step `step` for samples drawn at `temperature` with at most
+        `max_new_tokens` each (a KL in the reward is the algorithm's, not the loss's)."""
         return LossConfig(
-            clip_eps=self.clip_eps, tis_cap=self.tis_cap, kl_coef=self.kl_coef_at(step) if self.kl_in == "loss" else 0.0,
+            clip_eps_low=self.clip_eps if self.clip_eps_low is None else self.clip_eps_low,
+            clip_eps_high=self.clip_eps if self.clip_eps_high is None else self.clip_eps_high,
+            tis_cap=self.tis_cap, kl_coef=self.kl_coef_at(step) if self.kl_in == "loss" else 0.0,
             kl_estimator=self.kl_estimator, aggregation=self.loss_aggregation, temperature=temperature,
+            surrogate=self.policy_loss, importance_level=self.importance_level, clip_ratio_c=self.clip_ratio_c,
+            clip_delta=self.clip_delta, sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg,
+            vespo_pos=(self.vespo_k_pos, self.vespo_lambda_pos), vespo_neg=(self.vespo_k_neg, self.vespo_lambda_neg),
+            max_new_tokens=max_new_tokens,
         )
 
 

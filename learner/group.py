@@ -9,7 +9,7 @@ from common.placement import placement_options
 from common.progress import working
 from learner.actor import Learner, Work
 from learner.batch import TrainSequence
-from learner.losses import LossConfig
+from learner.losses import LossConfig, loss_normalizer
 from learner.packing import deal_to_ranks, split_even
 
 
@@ -38,12 +38,12 @@ class LearnerGroup:
 
     # --- splitting work ---
 
-    def _deal(self, sequences: list[TrainSequence], mini_batches: int, per_token: bool) -> list[Work]:
+    def _deal(self, sequences: list[TrainSequence], mini_batches: int, aggregation: str, max_new_tokens: int = 0) -> list[Work]:
         """Each rank's micro-batches of each mini-batch, with the mini-batch's normalizer."""
         work: list[Work] = [[] for _ in self.ranks]
         for mini in split_even(sequences, mini_batches):
             lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mini]
-            normalizer = float(sum(trained_tokens(s) for s in mini)) if per_token else float(len(mini))
+            normalizer = loss_normalizer(aggregation, [trained_tokens(s) for s in mini], max_new_tokens)
             for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))):
                 work[rank].append(([[mini[i] for i in m] for m in micros], normalizer))
         return work
@@ -52,13 +52,13 @@ class LearnerGroup:
 
     def train_step(self, sequences: list[TrainSequence], loss: LossConfig) -> dict[str, float]:
         """One RL step: the ranks apply `loss` to `sequences` (with their per-token advantages)."""
-        work = self._deal(sequences, self.config.optimizer_steps, per_token=loss.aggregation == "token_mean")
+        work = self._deal(sequences, self.config.optimizer_steps, loss.aggregation, loss.max_new_tokens)
         results = ray.get([r.train_step.remote(w, loss) for r, w in zip(self.ranks, work)])
         return merge_stats(results)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of next-token loss (token mean) on (prompt ids, completion ids) pairs."""
-        work = self._deal([TrainSequence(p, c) for p, c in examples], 1, per_token=True)
+        work = self._deal([TrainSequence(p, c) for p, c in examples], 1, "token_mean")
         results = ray.get([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)])
         return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"]}
 
@@ -107,6 +107,7 @@ def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
         else:
             merged[key] = sum(values) / len(values)
     merged["sampler_logprob_diff_mean"] = merged.pop("sampler_logprob_diff_sum") / max(merged["tokens"], 1.0)
+    merged["entropy"] = merged.pop("entropy_sum") / max(merged["tokens"], 1.0)
     merged["grad_norm"] = results[0]["grad_norm"]
     return merged
 

@@ -60,12 +60,13 @@ class Turn:
     policy_version: int
     text: str
     reward: ItemReward | None = None
+    truncated: bool = False  # the engine stopped it at max_new_tokens (finish reason "length")
 
     @classmethod
     def of(cls, prompt_ids: list[int], sample: Sample, reward: ItemReward | None) -> Turn:
         """A turn that is one sample of the policy, all of it the policy's."""
         return cls(prompt_ids, sample.token_ids, sample.sampler_logprobs, [True] * len(sample.token_ids),
-                   sample.policy_version, sample.text, reward)
+                   sample.policy_version, sample.text, reward, truncated=sample.finish_reason == "length")
 
 
 @dataclass
@@ -88,6 +89,17 @@ class Rollouts:
 
     def trajectories(self) -> list[Trajectory]:
         return [t for group in self.groups for t in group]
+
+    def extend(self, other: Rollouts) -> None:
+        """Add another round's groups (a refill): times and retries add up, other measures are
+        averaged over the groups."""
+        before, added = len(self.groups), len(other.groups)
+        for key, value in other.metrics.items():
+            if key.startswith("time_") or key.endswith("_retries"):
+                self.metrics[key] = self.metrics.get(key, 0) + value
+            else:
+                self.metrics[key] = (self.metrics.get(key, value) * before + value * added) / (before + added)
+        self.groups = self.groups + other.groups
 
     def summary(self, version: int) -> dict[str, float]:
         """What the trajectories were: their outcomes, the policy's tokens per trajectory, and how

@@ -8,21 +8,24 @@ from learner.advantages import (
     ESTIMATORS,
     compute_advantages,
     dense_advantages,
+    dr_grpo_advantages,
     grpo_advantages,
     informative_groups,
+    overlong_penalty,
     reinforce_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
     whiten,
 )
 
-BASELINE_ESTIMATORS = ["rloo", "grpo", "reinforce_pp"]
+BASELINE_ESTIMATORS = ["rloo", "grpo", "dr_grpo", "reinforce_pp"]
 
 
 def test_registry_names_every_estimator():
     assert ESTIMATORS == {
         "rloo": rloo_advantages,
         "grpo": grpo_advantages,
+        "dr_grpo": dr_grpo_advantages,
         "reinforce_pp": reinforce_pp_advantages,
         "reinforce": reinforce_advantages,
     }
@@ -63,6 +66,35 @@ def test_reinforce_pp_hand_values_use_the_batch_std():
     adv = reinforce_pp_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]]))
     r2 = math.sqrt(2)
     assert torch.allclose(adv, torch.tensor([[r2, -r2, -r2, r2], [0.0, 0.0, 0.0, 0.0]]), atol=1e-5)
+
+
+def test_dr_grpo_hand_values_subtract_the_group_mean_and_do_not_scale():
+    rewards = torch.tensor([[3.0, 0.0, 0.0], [0.0, 1.0, 2.0], [0.5, 0.5, 0.5]])
+    adv = compute_advantages("dr_grpo", rewards)
+    assert torch.allclose(adv, torch.tensor([[2.0, -1.0, -1.0], [-1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]))
+    # GRPO divides each group by its std: a nearly unanimous group's advantages are blown up, Dr. GRPO's are not.
+    close = torch.tensor([[1.0, 1.0, 1.0, 0.9]])
+    assert dr_grpo_advantages(close).abs().max().item() == pytest.approx(0.075, abs=1e-6)
+    assert grpo_advantages(close).abs().max().item() > 1.0
+
+
+def test_overlong_penalty_hand_values_match_dapo():
+    # max 10 tokens, buffer 4: no penalty up to 6, then -1/4 per token, -1 at 10 and beyond.
+    lengths = torch.tensor([0, 6, 7, 8, 10, 12])
+    assert overlong_penalty(lengths, 10, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    assert overlong_penalty(lengths, 10, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
+    with pytest.raises(ValueError, match="overlong buffer must be in 1..max_new_tokens"):
+        overlong_penalty(lengths, 10, 11, 1.0)
+
+
+def test_overlong_penalty_matches_trl():
+    from trl.rewards import get_soft_overlong_punishment
+
+    theirs = get_soft_overlong_punishment(max_completion_len=48, soft_punish_cache=16)
+    lengths = list(range(0, 60, 3))
+    ours = overlong_penalty(torch.tensor(lengths), 48, 16, 1.0)
+    assert ours.tolist() == pytest.approx(theirs([[1] * n for n in lengths]), abs=1e-7)
+    assert ours.min().item() == -1.0 and ours.max().item() == 0.0  # both regimes are in the comparison
 
 
 def test_reinforce_is_the_reward_itself():
@@ -135,6 +167,7 @@ def test_scaling_rewards():
     # RLOO scales with the rewards; the std-normalised estimators do not (up to eps).
     rewards = torch.rand(4, 6, generator=torch.Generator().manual_seed(3))
     assert torch.allclose(rloo_advantages(3.0 * rewards), 3.0 * rloo_advantages(rewards), atol=1e-6)
+    assert torch.allclose(dr_grpo_advantages(3.0 * rewards), 3.0 * dr_grpo_advantages(rewards), atol=1e-6)
     assert torch.allclose(grpo_advantages(3.0 * rewards), grpo_advantages(rewards), atol=1e-4)
     assert torch.allclose(reinforce_pp_advantages(3.0 * rewards), reinforce_pp_advantages(rewards), atol=1e-4)
     out = reinforce_pp_advantages(rewards)

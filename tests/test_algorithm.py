@@ -112,3 +112,88 @@ def test_per_token_rewards_need_single_turn_trajectories():
     two_turns = trajectory(TASKS[0], turn(1, reward(0.0, [0.0])), turn(1, reward(1.0, [1.0])))
     with pytest.raises(ValueError, match="per-token rewards need single-turn trajectories, got 2 turns"):
         to_sequences([[two_turns, two_turns]], token_rewards=True)
+
+
+def test_truncated_completions_are_masked_out_of_the_loss_but_count_in_the_baseline():
+    groups = groups_of([[1.0, 0.0, 0.0, 1.0]], tokens=3)
+    groups[0][1].turns[0].truncated = True
+    plain = build_batch(to_sequences(groups), LearnerConfig(normalize_advantages=False), step=1)
+    assert all(s.mask == [True] * 3 for s in plain.sequences) and plain.metrics["truncated_fraction"] == 0.25
+    masked = build_batch(to_sequences(groups), LearnerConfig(normalize_advantages=False, mask_truncated=True), step=1)
+    assert [s.mask for s in masked.sequences] == [[True] * 3, [False] * 3, [True] * 3, [True] * 3]
+    # the advantages are RLOO's over all four rewards, the truncated sample's included
+    assert [s.advantages[0] for s in masked.sequences] == pytest.approx(rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))[0].tolist())
+
+
+def test_the_overlong_penalty_is_a_reward_term_by_length():
+    # max_new_tokens 8, buffer 4: 5 tokens lose 1/4, 8 tokens lose all of overlong_penalty (0.5)
+    group = [trajectory(TASKS[0], turn(n, reward(1.0), start=10 * j)) for j, n in enumerate([2, 5, 8])]
+    config = LearnerConfig(overlong_buffer=4, overlong_penalty=0.5, normalize_advantages=False)
+    batch = build_batch(to_sequences([group]), config, step=1, max_new_tokens=8)
+    assert batch.rewards.tolist() == [[1.0, 1.0 - 0.125, 1.0 - 0.5]]
+    assert batch.kept.tolist() == [True]  # equal outcomes, made informative by length
+    assert batch.metrics["overlong_penalty_mean"] == pytest.approx(-0.625 / 3)
+    with pytest.raises(ValueError, match="the rollout's max_new_tokens is needed"):
+        build_batch(to_sequences([group]), config, step=1)
+
+
+def test_dr_grpo_estimator_through_the_seam():
+    batch = build_batch(to_sequences(groups_of([[1.0, 0.0, 0.0, 0.0]], tokens=1)),
+                        LearnerConfig(advantage_estimator="dr_grpo", normalize_advantages=False), step=1)
+    assert [s.advantages for s in batch.sequences] == [[0.75], [-0.25], [-0.25], [-0.25]]
+
+
+def _rollouts(outcomes: list[list[float]], first_task: int = 0):
+    from rollout_workers.types import Rollouts
+
+    return Rollouts([[trajectory(TASKS[(first_task + g) % 3], turn(1, reward(r))) for r in row] for g, row in enumerate(outcomes)],
+                    {"time_generate_s": 1.0, "rollout_retries": 0})
+
+
+def test_refill_draws_more_prompts_until_enough_groups_are_informative():
+    from coderloo.controller import refill
+
+    asked = []
+
+    def generate(n, round_index):
+        asked.append((n, round_index))
+        return _rollouts([[1.0, 0.0]] * (n // 2) + [[0.0, 0.0]] * (n - n // 2))  # half informative
+
+    # 1 of 4 informative: the rate 1/4 says 12 more prompts for the 3 missing, capped at 4 a round
+    first = _rollouts([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    rollouts, metrics = refill(first, wanted=4, rounds=5, generate=generate)
+    # then 3 of 8 informative: 1 missing at a rate of 3/8 is 3 prompts, one of them informative
+    assert asked == [(4, 1), (3, 2)]
+    assert metrics == {"refill_rounds": 2, "refill_prompts": 7, "informative_groups": 4, "refill_surplus_groups": 0}
+    informative = [g for g in rollouts.groups if len({t.outcome.total for t in g}) > 1]
+    assert len(informative) == 4 and len(rollouts.groups) == 4 + 4 + 3  # every uninformative group stays
+    assert rollouts.metrics["time_generate_s"] == 3.0  # the rounds' times add up
+
+
+def test_refill_drops_the_surplus_of_its_last_round():
+    from coderloo.controller import refill
+
+    rollouts, metrics = refill(_rollouts([[1.0, 0.0], [0.0, 0.0]]), wanted=2, rounds=1,
+                               generate=lambda n, r: _rollouts([[1.0, 0.0]] * n))
+    assert metrics == {"refill_rounds": 1, "refill_prompts": 2, "informative_groups": 2, "refill_surplus_groups": 1}
+    assert len(rollouts.groups) == 3
+
+
+def test_refill_stops_at_its_round_limit_and_does_nothing_when_enough_are_informative():
+    from coderloo.controller import refill
+
+    def uniform(n, round_index):
+        return _rollouts([[0.0, 0.0]] * n)
+
+    rollouts, metrics = refill(_rollouts([[0.0, 0.0]] * 4), wanted=4, rounds=2, generate=uniform)
+    assert metrics["refill_rounds"] == 2 and metrics["informative_groups"] == 0 and len(rollouts.groups) == 12
+    full = _rollouts([[1.0, 0.0]] * 4)
+    rollouts, metrics = refill(full, wanted=4, rounds=2, generate=uniform)
+    assert metrics == {"refill_rounds": 0, "refill_prompts": 0, "informative_groups": 4, "refill_surplus_groups": 0}
+
+
+def test_refill_needs_filtering_and_a_baseline():
+    from coderloo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="turn filtering on"):
+        load_config("configs/default.yaml", ["train.max_refill_rounds=2", "learner.filter_uninformative=false"])

@@ -33,7 +33,7 @@ def test_overrides_are_typed_and_nested():
         ("eval.k=[1,16]", "eval", "each k must be between 1 and samples_per_task=8"),
         ("tasks.train_set=mbpp", "tasks", "train_path is required"),
         ("learner.num_ranks=512", "config", "cannot fill learner.optimizer_steps x learner.num_ranks = 1024"),
-        ("learner.advantage_estimator=ppo", "learner.advantage_estimator", "'rloo', 'grpo', 'reinforce_pp' or 'reinforce'"),
+        ("learner.advantage_estimator=ppo", "learner.advantage_estimator", "'rloo', 'grpo', 'dr_grpo', 'reinforce_pp' or 'reinforce'"),
         ("rollout.weight_sync.transport=mpi", "rollout.weight_sync.transport", "'gloo' or 'nccl'"),
         ("rollout.dtype=float16", "rollout.dtype", "'float32' or 'bfloat16'"),
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization", "less than or equal to 1"),

@@ -20,7 +20,7 @@ def batch(tiny_model, count=8):
 
 
 def loss(config: LearnerConfig):
-    return config.loss_config(step=1, temperature=1.0)
+    return config.loss_config(step=1, temperature=1.0, max_new_tokens=48)
 
 
 def saved_weights(learner: LearnerGroup, path) -> dict[str, torch.Tensor]:
