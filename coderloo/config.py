@@ -244,20 +244,37 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_config_file(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's tree. A file may start from another with `extends: FILE` (a path relative
+    to it): its own fields are merged over that file's, section by section."""
+    path = Path(path)
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        where = f" (extended by {seen[-1]})" if seen else ""
+        raise ConfigError(f"config file {path} does not exist{where}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: invalid YAML: {e}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+    tree = loaded or {}
+    base = tree.pop("extends", None)
+    if base is None:
+        return tree
+    if not isinstance(base, str):
+        raise ConfigError(f"config file {path}: extends must be a file name, got {base!r}")
+    base_path = path.parent / base
+    if base_path.resolve() in [p.resolve() for p in (*seen, path)]:
+        raise ConfigError(f"config file {path}: extends {base} makes a cycle ({' -> '.join(str(p) for p in (*seen, path, base_path))})")
+    return _merge(read_config_file(base_path, (*seen, path)), tree)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     tree: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path}: invalid YAML: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
-        tree = loaded or {}
+        tree = read_config_file(path)
     tree = _merge(tree, parse_overrides(overrides or []))
     try:
         return Config.model_validate(tree)

@@ -104,3 +104,36 @@ def test_placement_options_leave_ray_defaults_alone():
     # no option at all: the actor holds no CPU while it runs (2 cores fit learner + worker + replica)
     assert placement_options(0, {}) == {}
     assert placement_options(1, {"rollout_gpu": 1}) == {"num_gpus": 1, "resources": {"rollout_gpu": 1}}
+
+
+def test_a_config_extends_another_section_by_section(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("learner:\n  lr: 1.0e-3\n  clip_eps: 0.1\ntrain:\n  steps: 7\n")
+    (tmp_path / "sub").mkdir()
+    child = tmp_path / "sub" / "child.yaml"
+    child.write_text("extends: ../base.yaml\nlearner:\n  clip_eps: 0.3\n")
+    config = load_config(child, ["train.steps=9"])
+    assert (config.learner.lr, config.learner.clip_eps, config.train.steps) == (1e-3, 0.3, 9)
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigError, match="extends loop.yaml makes a cycle"):
+        load_config(tmp_path / "loop.yaml")
+    (tmp_path / "orphan.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"nowhere.yaml does not exist \(extended by .*orphan.yaml\)"):
+        load_config(tmp_path / "orphan.yaml")
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("dapo", {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "aggregation": "token_mean"}),
+    ("dr-grpo", {"aggregation": "seq_mean_token_sum_norm"}),
+    ("gspo", {"importance_level": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "aggregation": "seq_mean_token_mean"}),
+])
+def test_method_presets_are_the_default_with_their_papers_settings(name, expected):
+    preset, default = load_config(f"configs/{name}.yaml"), load_config("configs/default.yaml")
+    loss = preset.learner.loss_config(1, 1.0, preset.rollout.max_new_tokens)
+    assert {key: getattr(loss, key) for key in expected} == expected
+    assert preset.rollout == default.rollout and preset.sft == default.sft and preset.tasks == default.tasks
+    assert preset.train.output_dir == f"runs/{name}"  # never the default's run directory
+    estimator = {"dapo": "grpo", "dr-grpo": "dr_grpo", "gspo": "grpo"}[name]
+    assert preset.learner.advantage_estimator == estimator and not preset.learner.normalize_advantages
+    if name == "dapo":
+        assert preset.train.max_refill_rounds == 3 and preset.learner.overlong_buffer == 10

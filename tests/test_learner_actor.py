@@ -58,18 +58,28 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
     assert torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
 
 
+# One learner step with each aggregation (the last one also at sequence level, GSPO, with clip-higher).
+AGGREGATION_STEPS = [
+    {"loss_aggregation": "token_mean"},
+    {"loss_aggregation": "seq_mean_token_mean"},
+    {"loss_aggregation": "seq_mean_token_sum"},
+    {"loss_aggregation": "seq_mean_token_sum_norm", "importance_level": "sequence", "clip_eps_high": 0.28},
+]
+
+
 def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
-    """Two data-parallel ranks (gloo, ZeRO-2) after three steps: the same weights as one rank
-    given the whole batch (the loss normalizer spans ranks). ZeRO-2 gathers every parameter from
-    the rank that updated it, so rank 0's weights stand for both."""
+    """Two data-parallel ranks (gloo, ZeRO-2) after a step of each loss aggregation: the same weights
+    as one rank given the whole batch (each loss normalizer spans the mini-batch over ranks and
+    micro-batches). ZeRO-2 gathers every parameter from the rank that updated it, so rank 0's
+    weights stand for both."""
     _, sequences = batch(tiny_model, count=12)
     results = {}
     for ranks in (2, 1):
         config = LearnerConfig(num_ranks=ranks, zero_stage=2, optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=200)
         learner = LearnerGroup(str(tiny_model), config)
         try:
-            for _ in range(3):
-                stats = learner.train_step(sequences, loss(config))
+            for fields in AGGREGATION_STEPS:
+                stats = learner.train_step(sequences, loss(config.model_copy(update=fields)))
             results[ranks] = (saved_weights(learner, tmp_path / f"ranks{ranks}"), stats)
         finally:
             learner.kill()
@@ -80,6 +90,8 @@ def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
         assert torch.allclose(rank0[name], single[name], atol=1e-5), f"{name}: 2 ranks differ from 1 rank"
     assert any(not torch.allclose(rank0[n], initial[n]) for n in initial)
     assert stats2["tokens"] == stats1["tokens"]  # the two ranks together saw every token once
+    # the policy's entropy on the step's tokens, merged over ranks as a token mean
+    assert 0 < stats1["entropy"] and stats2["entropy"] == pytest.approx(stats1["entropy"], rel=1e-4)
 
 
 def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, tmp_path):

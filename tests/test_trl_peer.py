@@ -14,8 +14,9 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
-from learner.advantages import grpo_advantages, reinforce_advantages, rloo_advantages
-from learner.losses import LossConfig, LossInputs, policy_loss, token_logprobs
+from learner.advantages import dr_grpo_advantages, grpo_advantages, reinforce_advantages, rloo_advantages
+from learner.config import LearnerConfig
+from learner.losses import LossInputs, policy_loss, token_entropy, token_logprobs
 
 G, K, T = 3, 4, 6  # prompt groups, samples per prompt, completion tokens
 PROMPTS = ["def add(a, b):", "def is_even(n):", "class Stack:"]
@@ -125,14 +126,16 @@ def _trl_loss(trainer, inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return loss, list(torch.autograd.grad(loss, params))
 
 
-def _our_loss(trainer, inputs: dict, advantages: torch.Tensor) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
+def _our_loss(trainer, inputs: dict, advantages: torch.Tensor, **learner) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
+    """Our policy_loss on TRL's logprobs of the same batch, with the LossConfig that
+    LearnerConfig(**learner) makes (as the learner gets it), no TIS (TRL without vLLM has none)."""
     model = trainer.model
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
     old = inputs["old_per_token_logps"]
     per_token = advantages.unsqueeze(1).expand_as(logps)
-    config = LossConfig(clip_eps=CLIP_EPS, tis_cap=None, kl_coef=0.0, kl_estimator="k3", aggregation="token_mean", temperature=T)
+    config = LearnerConfig(clip_eps=CLIP_EPS, tis_cap=None, **learner).loss_config(step=1, temperature=1.0, max_new_tokens=T)
     loss, stats = policy_loss(LossInputs(logps, old, old, per_token, inputs["completion_mask"]), config)
     params = [p for p in model.parameters() if p.requires_grad]
     return loss, stats, list(torch.autograd.grad(loss, params))
@@ -142,37 +145,111 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
-# TRL 1.16: "bnpo" divides the masked sum by the batch's mask sum; "dapo" (the default) divides by
-# num_items_in_batch, the token count of the whole generation batch. With one batch per step
-# both are our token mean over the batch.
-@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
-def test_policy_loss_matches_trl(tiny_model, tmp_path, loss_type):
+# Every policy loss TRL 1.16's GRPOTrainer offers, with the learner config that reproduces it, and a
+# config that must not (a negative control besides flipped advantages; None where flipping is the
+# only one: bnpo and dapo are our default). TRL's aggregations: "grpo" and "sapo" average each
+# sequence's token mean; "bnpo" divides by the batch's tokens and "dapo", "cispo" and "vespo" by
+# num_items_in_batch, the generation batch's tokens (with one batch per step, both our token mean);
+# "dr_grpo" divides the token sum by sequences x max_completion_length; "luspo" averages each
+# sequence's token sum. TRL's CISPO caps the weight at epsilon_high itself (ours at 1 + clip_eps_high).
+TRL_VARIANTS = {
+    "grpo": ({"loss_type": "grpo"}, {"loss_aggregation": "seq_mean_token_mean"}, {}),
+    "bnpo": ({"loss_type": "bnpo"}, {}, None),
+    "dapo": ({"loss_type": "dapo"}, {}, None),
+    "dr_grpo": ({"loss_type": "dr_grpo"}, {"loss_aggregation": "seq_mean_token_sum_norm"}, {"loss_aggregation": "seq_mean_token_sum"}),
+    "cispo": ({"loss_type": "cispo", "epsilon_high": 1.25}, {"policy_loss": "cispo", "clip_eps_high": 0.25}, {"clip_eps_high": 0.25}),
+    "sapo": ({"loss_type": "sapo"}, {"policy_loss": "sapo", "loss_aggregation": "seq_mean_token_mean"}, {"loss_aggregation": "seq_mean_token_mean"}),
+    "luspo": ({"loss_type": "luspo", "importance_sampling_level": "sequence"},
+              {"importance_level": "sequence", "loss_aggregation": "seq_mean_token_sum"}, {"loss_aggregation": "seq_mean_token_sum"}),
+    "vespo": ({"loss_type": "vespo"}, {"policy_loss": "vespo"}, {}),
+    "dapo+epsilon_high": ({"loss_type": "dapo", "epsilon_high": 0.28}, {"clip_eps_high": 0.28}, {}),
+    "dapo+delta": ({"loss_type": "dapo", "delta": 1.5}, {"clip_delta": 1.5}, {}),
+    "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence"},
+             {"importance_level": "sequence", "loss_aggregation": "seq_mean_token_mean"}, {"loss_aggregation": "seq_mean_token_mean"}),
+}
+
+
+@pytest.mark.parametrize("variant", list(TRL_VARIANTS))
+def test_policy_loss_matches_trl(tiny_model, tmp_path, variant):
+    theirs_config, ours_config, control = TRL_VARIANTS[variant]
     rewards = _rewards()
-    trainer = _trainer(GRPOTrainer, GRPOConfig, tiny_model, tmp_path, rewards, beta=0.0, loss_type=loss_type)
+    trainer = _trainer(GRPOTrainer, GRPOConfig, tiny_model, tmp_path, rewards, beta=0.0, **theirs_config)
     inputs = _loss_inputs(trainer, rewards)
 
     trl_loss, trl_grads = _trl_loss(trainer, inputs)
-    our_loss, stats, our_grads = _our_loss(trainer, inputs, inputs["advantages"])
-    assert 0.1 < stats["clip_fraction"] < 0.9  # both branches of the min are exercised
+    our_loss, stats, our_grads = _our_loss(trainer, inputs, inputs["advantages"], **ours_config)
     assert abs(trl_loss.item() - our_loss.item()) <= TOL
     assert _max_diff(trl_grads, our_grads) <= TOL
     assert max(g.abs().max().item() for g in our_grads) > 1e-3  # the gradients are not trivially zero
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    # the clipped surrogates at token level: both sides are exercised and counted alike (TRL counts
+    # sequences at sequence level, ours tokens)
+    if "clip_ratio/low_mean" in metrics and theirs_config.get("importance_sampling_level", "token") == "token":
+        assert 0.05 < stats["clip_fraction"] < 0.95
+        assert stats["clip_fraction_low"] == pytest.approx(metrics["clip_ratio/low_mean"], abs=1e-6)
+        assert stats["clip_fraction_high"] == pytest.approx(metrics["clip_ratio/high_mean"], abs=1e-6)
+        assert stats["clip_fraction"] == pytest.approx(metrics["clip_ratio/region_mean"], abs=1e-6)
 
-    # The comparison can fail: flipped advantages give another loss and other gradients.
-    wrong_loss, _, wrong_grads = _our_loss(trainer, inputs, -inputs["advantages"])
-    assert abs(trl_loss.item() - wrong_loss.item()) > 1e-3
-    assert _max_diff(trl_grads, wrong_grads) > 1e-3
+    # The comparison can fail: flipped advantages, or the neighbouring config, give another loss and gradients.
+    wrong_loss, _, wrong_grads = _our_loss(trainer, inputs, -inputs["advantages"], **ours_config)
+    assert abs(trl_loss.item() - wrong_loss.item()) > 1e-3 and _max_diff(trl_grads, wrong_grads) > 1e-3
+    if control is not None:
+        near_loss, _, near_grads = _our_loss(trainer, inputs, inputs["advantages"], **control)
+        assert abs(trl_loss.item() - near_loss.item()) > 1e-4 or _max_diff(trl_grads, near_grads) > 1e-4
 
 
-def test_trl_sequence_mean_aggregation_differs_from_ours(tiny_model, tmp_path):
-    # TRL's loss_type="grpo" averages per sequence first: not what policy_loss computes when the
-    # completions have different lengths. Guards against the match above being an accident.
+def test_dr_grpo_advantages_match_trl_without_std_scaling(tiny_model, tmp_path):
     rewards = _rewards()
-    trainer = _trainer(GRPOTrainer, GRPOConfig, tiny_model, tmp_path, rewards, beta=0.0, loss_type="grpo")
-    inputs = _loss_inputs(trainer, rewards)
-    trl_loss, _ = _trl_loss(trainer, inputs)
-    our_loss, _, _ = _our_loss(trainer, inputs, inputs["advantages"])
-    assert abs(trl_loss.item() - our_loss.item()) > 1e-3
+    trainer = _trainer(GRPOTrainer, GRPOConfig, tiny_model, tmp_path, rewards, beta=0.0, scale_rewards="none")
+    theirs = _generation_batch(trainer)["advantages"]
+    assert (theirs - dr_grpo_advantages(rewards).flatten()).abs().max().item() <= TOL
+    assert (theirs - grpo_advantages(rewards, eps=TRL_GRPO_EPS).flatten()).abs().max().item() > 1e-2
+
+
+def test_truncated_completions_are_masked_as_trl_masks_them(tiny_model, tmp_path):
+    """mask_truncated_completions: TRL zeroes the loss mask of a completion that did not end in EOS.
+    Ours marks a turn truncated when the engine stopped it at max_new_tokens, and the algorithm seam
+    masks it (learner.mask_truncated). On TRL's own generations (a model given many EOS tokens, so
+    that some completions stop early), both mask the same rows, and the losses agree."""
+    from learner.algorithm import build_batch
+    from learner.batch import TrainSequence
+    from learner.algorithm import StepSamples
+    from learner.group import trained_tokens
+
+    rewards = _rewards()
+    trainer = _trainer(GRPOTrainer, GRPOConfig, tiny_model, tmp_path, rewards, beta=0.0, mask_truncated_completions=True)
+    eos = list(range(40, 240))  # 200 of the 715 tokens end a completion: most stop within T = 6 tokens
+    trainer.model.generation_config.eos_token_id = eos
+    trainer.eos_token_ids = [trainer.processing_class.eos_token_id, *eos]
+    batch = _generation_batch(trainer)
+    ids, theirs = batch["completion_ids"], batch["completion_mask"]
+    # ours: what the engine reports (stopped at an EOS, or at max_new_tokens), through the seam
+    sequences = []
+    for row in range(G * K):
+        length = next((t + 1 for t in range(T) if ids[row, t].item() in trainer.eos_token_ids), T)
+        tokens = ids[row, :length].tolist()
+        sequences.append([TrainSequence([0], tokens, [0.0] * length, truncated=tokens[-1] not in trainer.eos_token_ids)])
+    truncated = [seq[0].truncated for seq in sequences]
+    assert 0 < sum(truncated) < G * K  # some rows of each kind
+    samples = StepSamples([sequences[g * K:(g + 1) * K] for g in range(G)], rewards)
+    ours = build_batch(samples, LearnerConfig(mask_truncated=True, filter_uninformative=False), step=1)
+    trained = [trained_tokens(seq) for seq in ours.sequences]
+    assert [n > 0 for n in trained] == [bool(theirs[row].any()) for row in range(G * K)] == [not t for t in truncated]
+    assert trained == theirs.sum(dim=1).tolist()  # the kept rows train on the same tokens
+
+    inputs = {key: batch[key] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    inputs["advantages"] = rloo_advantages(rewards).flatten()
+    with torch.no_grad():
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, torch.cat([inputs["prompt_mask"], theirs], dim=1), T)
+    inputs["old_per_token_logps"] = logps + 0.4 * torch.randn(logps.shape, generator=torch.Generator().manual_seed(3))
+    inputs["num_items_in_batch"] = theirs.sum()
+    trl_loss, trl_grads = _trl_loss(trainer, inputs)
+    our_loss, _, our_grads = _our_loss(trainer, inputs, inputs["advantages"])
+    assert abs(trl_loss.item() - our_loss.item()) <= TOL and _max_diff(trl_grads, our_grads) <= TOL
+    unmasked = dict(inputs, completion_mask=(torch.arange(T)[None, :] < torch.tensor([len(s[0].completion_ids) for s in sequences])[:, None]).long())
+    wrong_loss, _, _ = _our_loss(trainer, unmasked, inputs["advantages"])  # without masking: another loss
+    assert abs(trl_loss.item() - wrong_loss.item()) > 1e-4
 
 
 def test_token_logprobs_match_trl(tiny_model, tmp_path):
@@ -189,5 +266,10 @@ def test_token_logprobs_match_trl(tiny_model, tmp_path):
     ours = token_logprobs(logits, input_ids)[:, -T:]
     mask = inputs["completion_mask"].bool()
     assert (theirs - ours)[mask].abs().max().item() <= 1e-5
+    with torch.no_grad():
+        _, their_entropy, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, T, compute_entropy=True)
+    our_entropy = token_entropy(logits)[:, -T:]
+    assert (their_entropy - our_entropy)[mask].abs().max().item() <= 1e-5
+    assert (their_entropy - token_entropy(logits, temperature=2.0)[:, -T:])[mask].abs().max().item() > 1e-2
     shifted = token_logprobs(logits, input_ids.roll(1, dims=1))[:, -T:]  # off by one token: must not match
     assert (theirs - shifted)[mask].abs().max().item() > 1e-2
