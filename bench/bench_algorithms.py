@@ -1,9 +1,10 @@
-"""The source designs' algorithms against plain RLOO, on the synthetic suite with the same budget.
+"""The source designs' algorithms and the loss family's presets against plain RLOO, on the synthetic
+suite with the same budget.
 
     python -m bench.bench_algorithms          # BENCH_ALGORITHMS_STEPS=60 RL steps per run
 
-Four training runs of the default config (its SFT warm-up, then the same number of RL steps of the
-same prompts, seed and sampling), each evaluated at its end on the held-out tasks:
+Seven training runs of the default config (its SFT warm-up, then the same number of RL steps of the
+same seed and sampling), each evaluated at its end on the held-out tasks:
 
 - rloo: the default, RLOO's leave-one-out baseline. A critic (critic.enabled) trains alongside on
   the scored samples; with critic.reward_coef 0 it does not touch the policy's update, and the
@@ -16,6 +17,12 @@ same prompts, seed and sampling), each evaluated at its end on the held-out task
   the others per step: the failed samples' rewrites.)
 - reinforce: no baseline at all (learner.advantage_estimator=reinforce, no whitening, which would
   subtract the batch mean): what the leave-one-out baseline buys.
+- dapo, dr-grpo, gspo: configs/dapo.yaml, configs/dr-grpo.yaml and configs/gspo.yaml, each the
+  default with its paper's settings (see each file). DAPO's dynamic sampling draws more prompts
+  when groups are uniform: it generates more than the others per step (the samples column).
+
+Each row also gives the policy's mean token entropy on the last step's completions (a collapse of
+exploration shows there first) and the RL phase's wall time.
 """
 from __future__ import annotations
 
@@ -28,16 +35,19 @@ from coderloo.controller import train
 from coderloo.metrics import read_metrics
 
 STEPS = int(os.environ.get("BENCH_ALGORITHMS_STEPS", "60"))
-VARIANTS = {
-    "rloo": ["critic.enabled=true"],
-    "rloo+dense": ["learner.dense_rewards=true"],
-    "rloo+refine": ["refine.enabled=true", "refine.rounds=3"],
-    "reinforce": ["learner.advantage_estimator=reinforce", "learner.normalize_advantages=false"],
+VARIANTS = {  # name: (config file, overrides)
+    "rloo": ("configs/default.yaml", ["critic.enabled=true"]),
+    "rloo+dense": ("configs/default.yaml", ["learner.dense_rewards=true"]),
+    "rloo+refine": ("configs/default.yaml", ["refine.enabled=true", "refine.rounds=3"]),
+    "reinforce": ("configs/default.yaml", ["learner.advantage_estimator=reinforce", "learner.normalize_advantages=false"]),
+    "dapo": ("configs/dapo.yaml", []),
+    "dr-grpo": ("configs/dr-grpo.yaml", []),
+    "gspo": ("configs/gspo.yaml", []),
 }
 
 
-def run(overrides: list[str], out: str) -> dict:
-    config = load_config("configs/default.yaml", [
+def run(path: str, overrides: list[str], out: str) -> dict:
+    config = load_config(path, [
         f"train.output_dir={out}", f"train.steps={STEPS}", "train.eval_every=0", "train.checkpoint_every=0",
         "train.max_staleness=0", *overrides,
     ])
@@ -45,16 +55,16 @@ def run(overrides: list[str], out: str) -> dict:
     rl = [r for r in read_metrics(f"{out}/metrics.jsonl") if r["phase"] == "rl"]
     return {
         "after_sft": summary["after_sft"], "final": summary["final"], "last_step": rl[-1],
-        "rl_seconds": sum(r["time_step_s"] for r in rl), "samples": sum(r["samples"] for r in rl),
+        "rl_seconds": sum(r["time_step_s"] for r in rl), "samples": sum(r["samples"] for r in rl), "rl": rl,
     }
 
 
 def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-algorithms-")
-    results = {name: run(overrides, f"{root}/{name.replace('+', '-')}") for name, overrides in VARIANTS.items()}
+    results = {name: run(path, overrides, f"{root}/{name.replace('+', '-')}") for name, (path, overrides) in VARIANTS.items()}
     print(f"algorithms on the synthetic suite, default config, {STEPS} RL steps each (held-out pass@1 at the end)")
-    print("| run | pass@1 after SFT | pass@1 | greedy pass@1 | RL time | more |")
-    print("|---|---|---|---|---|---|")
+    print("| run | pass@1 after SFT | pass@1 | greedy pass@1 | entropy, last step | RL time | samples | more |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         final, last = r["final"], r["last_step"]
         more = []
@@ -64,10 +74,23 @@ def main() -> list[dict]:
             more.append(f"of 8 samples, the critic's pick: {final['pass@1_critic']:.3f}, a random pick: {final['pass@1_random']:.3f}, "
                         f"majority vote: {final['pass@1_vote']:.3f}, critic-weighted vote: {final['pass@1_critic_vote']:.3f}; "
                         f"critic accuracy {last.get('critic_accuracy')}, AUC {last.get('critic_auc')} (last step, held-out tasks)")
+        if "refill_rounds" in last:
+            rl = r["rl"]
+            more.append(f"refill rounds per step {sum(x['refill_rounds'] for x in rl) / len(rl):.2f}, "
+                        f"informative groups per step {sum(x['informative_groups'] for x in rl) / len(rl):.1f}")
+        if last.get("clip_fraction_high") is not None and name in ("dapo", "gspo"):
+            rl = [x for x in r["rl"] if x.get("clip_fraction") is not None]
+            more.append(f"clip fraction (mean over steps) low {sum(x['clip_fraction_low'] for x in rl) / len(rl):.3f}, "
+                        f"high {sum(x['clip_fraction_high'] for x in rl) / len(rl):.3f}")
+        entropy = last.get("entropy")
         print(f"| {name} | {r['after_sft']['pass@1']:.3f} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
-              f"{r['rl_seconds']:.0f} s | {'; '.join(more)} |")
+              f"{'-' if entropy is None else f'{entropy:.3f}'} | {r['rl_seconds']:.0f} s | {r['samples']} | {'; '.join(more)} |")
     rloo = results["rloo"]["final"]
     print(f"  rloo / reinforce: {rloo['pass@1'] / max(results['reinforce']['final']['pass@1'], 1e-9):.2f}x pass@1")
+    for name in ("dapo", "dr-grpo", "gspo"):
+        r = results[name]
+        print(f"  {name} / rloo: {r['final']['pass@1'] / max(rloo['pass@1'], 1e-9):.2f}x pass@1, "
+              f"{r['rl_seconds'] / max(results['rloo']['rl_seconds'], 1e-9):.2f}x RL time")
     return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "rloo",
                        {name: r["final"]["pass@1"] for name, r in results.items()})]
 

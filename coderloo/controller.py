@@ -37,6 +37,7 @@ from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from common.hf import load_tokenizer
 from common.progress import working
+from learner.advantages import informative_groups
 from learner.algorithm import build_batch, to_sequences
 from learner.critic import OUTCOMES, OnlineCritic
 from learner.group import LearnerGroup
@@ -128,32 +129,28 @@ def in_background(fn, *args) -> Future:
 
 def refill(rollouts: Rollouts, wanted: int, rounds: int, generate) -> tuple[Rollouts, dict[str, float]]:
     """DAPO's dynamic sampling: while fewer than `wanted` of the groups are informative (their k
-    outcome rewards not all equal), up to `rounds` more rounds of `generate(prompts, round)` for as
-    many new prompts as the informative rate so far says are missing (at most `wanted` a round);
-    then every uninformative group (the algorithm filters and counts them) and the first `wanted`
-    informative ones, in the order they came. Returns them and the refill's metrics."""
-    def informative(group) -> bool:
-        return len({t.outcome.total for t in group}) > 1
+    outcome rewards not all equal: learner.advantages.informative_groups, the test the algorithm
+    filters by), up to `rounds` more rounds of `generate(prompts, round)` for as many new prompts as
+    the informative rate so far says are missing (at most `wanted` a round); then every
+    uninformative group (the algorithm filters and counts them) and the first `wanted` informative
+    ones, in the order they came. Returns them and the refill's metrics."""
+    def informative() -> list[bool]:
+        return informative_groups(torch.tensor([[t.outcome.total for t in g] for g in rollouts.groups])).tolist()
 
-    first = len(rollouts.groups)
-    done = 0
-    while done < rounds:
-        have = sum(informative(g) for g in rollouts.groups)
-        if have >= wanted:
-            break
+    first, done = len(rollouts.groups), 0
+    while done < rounds and (have := sum(informative())) < wanted:
         rate = max(have / len(rollouts.groups), 1.0 / wanted)
         done += 1
         rollouts.extend(generate(min(wanted, math.ceil((wanted - have) / rate)), done))
-    kept, informative_kept = [], 0
-    for group in rollouts.groups:
-        if informative(group):
-            if informative_kept == wanted:
-                continue  # a surplus of the last round
-            informative_kept += 1
+    kept, taken = [], 0
+    for group, useful in zip(rollouts.groups, informative()):
+        if useful and taken == wanted:
+            continue  # a surplus of the last round
+        taken += useful
         kept.append(group)
     drawn = len(rollouts.groups)
     rollouts.groups = kept
-    return rollouts, {"refill_rounds": done, "refill_prompts": drawn - first, "informative_groups": informative_kept,
+    return rollouts, {"refill_rounds": done, "refill_prompts": drawn - first, "informative_groups": taken,
                       "refill_surplus_groups": drawn - len(kept)}
 
 

@@ -100,7 +100,9 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         rewards = rewards + critic_coef * samples.critic_p_passed
     advantages = compute_advantages(config.advantage_estimator, rewards)
     if config.filter_uninformative and config.advantage_estimator != "reinforce":
-        keep = informative_groups(rewards)
+        # by outcome: shaping terms alone (KL, the critic's, length) do not make a group informative
+        # about its task (DAPO filters by accuracy too); the same test decides refills
+        keep = informative_groups(samples.rewards)
     else:
         keep = torch.ones(groups, dtype=torch.bool)
     token_advantages = None

@@ -99,8 +99,10 @@ class LearnerConfig(Section):
     )
     filter_uninformative: bool = Field(
         default=True,
-        description="Drop prompt groups whose k rewards are all equal (no signal for a baseline "
-        "estimator); their count is logged as groups_filtered.",
+        description="Drop prompt groups whose k outcome rewards are all equal (no signal for a baseline "
+        "estimator; shaping terms alone, KL, the critic's or the overlong penalty, do not keep a group, as "
+        "DAPO filters by accuracy); their count is logged as groups_filtered. train.max_refill_rounds "
+        "replaces them with new prompts.",
     )
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of the KL penalty to the frozen reference (0: no reference model).")
     kl_coef_final: float | None = Field(

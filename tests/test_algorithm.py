@@ -128,11 +128,14 @@ def test_truncated_completions_are_masked_out_of_the_loss_but_count_in_the_basel
 def test_the_overlong_penalty_is_a_reward_term_by_length():
     # max_new_tokens 8, buffer 4: 5 tokens lose 1/4, 8 tokens lose all of overlong_penalty (0.5)
     group = [trajectory(TASKS[0], turn(n, reward(1.0), start=10 * j)) for j, n in enumerate([2, 5, 8])]
-    config = LearnerConfig(overlong_buffer=4, overlong_penalty=0.5, normalize_advantages=False)
+    config = LearnerConfig(overlong_buffer=4, overlong_penalty=0.5, normalize_advantages=False, filter_uninformative=False)
     batch = build_batch(to_sequences([group]), config, step=1, max_new_tokens=8)
     assert batch.rewards.tolist() == [[1.0, 1.0 - 0.125, 1.0 - 0.5]]
-    assert batch.kept.tolist() == [True]  # equal outcomes, made informative by length
     assert batch.metrics["overlong_penalty_mean"] == pytest.approx(-0.625 / 3)
+    assert [s.advantages[0] for s in batch.sequences] == pytest.approx(rloo_advantages(batch.rewards)[0].tolist())
+    # with filtering, a group is informative by its outcomes: length alone does not keep it (as DAPO filters by accuracy)
+    filtered = build_batch(to_sequences([group]), config.model_copy(update={"filter_uninformative": True}), step=1, max_new_tokens=8)
+    assert filtered.kept.tolist() == [False] and filtered.metrics["groups_filtered"] == 1
     with pytest.raises(ValueError, match="the rollout's max_new_tokens is needed"):
         build_batch(to_sequences([group]), config, step=1)
 
@@ -162,6 +165,7 @@ def test_refill_draws_more_prompts_until_enough_groups_are_informative():
     # 1 of 4 informative: the rate 1/4 says 12 more prompts for the 3 missing, capped at 4 a round
     first = _rollouts([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
     rollouts, metrics = refill(first, wanted=4, rounds=5, generate=generate)
+    assert [len(g) for g in rollouts.groups] == [2] * len(rollouts.groups)
     # then 3 of 8 informative: 1 missing at a rate of 3/8 is 3 prompts, one of them informative
     assert asked == [(4, 1), (3, 2)]
     assert metrics == {"refill_rounds": 2, "refill_prompts": 7, "informative_groups": 4, "refill_surplus_groups": 0}
