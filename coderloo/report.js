@@ -238,6 +238,19 @@ function charts(root) {
       series: [{ name: "mean reward", values: data.train.reward_mean }, { name: "pass rate", values: data.train.pass_rate }] });
   } else notRecorded(train, "RL steps");
 
+  const policy = card(grid, "Policy entropy", "Mean token entropy (nats) of the policy on each RL step's trained tokens: "
+    + "exploration collapsing shows here first.");
+  if (data.train.entropy.some((v) => v !== null)) {
+    lineChart(policy, "entropy", { x: data.train.step, xTitle: "RL step", radius: 1.8, series: [{ name: "entropy", values: data.train.entropy }] });
+  } else notRecorded(policy, "Policy entropy");
+
+  const clipping = card(grid, "Clipped tokens", "Share of each RL step's trained tokens whose ratio was clipped: below 1 - eps_low "
+    + "with a negative advantage, above 1 + eps_high with a positive one.");
+  if (data.train.clip_fraction_high.some((v) => v !== null)) {
+    lineChart(clipping, "clipping", { x: data.train.step, xTitle: "RL step", radius: 1.8,
+      series: [{ name: "low", values: data.train.clip_fraction_low }, { name: "high", values: data.train.clip_fraction_high }] });
+  } else notRecorded(clipping, "Clipped tokens");
+
   const sft = card(grid, "SFT loss", "Next-token loss on reference solutions, per warm-up step.");
   if (data.sft.step.length && data.sft.loss.some((v) => v !== null)) {
     lineChart(sft, "sft", { x: data.sft.step, xTitle: "SFT step", radius: 1.8, series: [{ name: "SFT loss", values: data.sft.loss }] });

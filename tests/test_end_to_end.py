@@ -148,3 +148,33 @@ def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
     assert report["tasks"] == 4 and report["model"] == str(tiny_model)
     assert {"pass@1", "pass@2", "greedy_pass@1"} <= set(report)
     assert report["pass@1"] == 0.0  # an untrained model passes nothing
+
+
+def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_cluster, tiny_model, tmp_path):
+    """configs/dapo.yaml on a short run with one step's rollouts in flight: steps whose groups are
+    mostly uniform draw more prompts, up to max_refill_rounds rounds, while the next step's rollouts
+    are being generated, and train on the informative groups they found."""
+    out = tmp_path / "dapo"
+    config = load_config("configs/dapo.yaml", [
+        f"model.path={tiny_model}", f"train.output_dir={out}",
+        "sft.steps=20", "sft.batch_size=16",  # enough for some syntax-valid programs: outcomes that differ
+        "train.steps=3", "train.prompts_per_step=4", "train.eval_every=0", "train.checkpoint_every=0",
+        "train.max_refill_rounds=2", "train.max_staleness=1",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16", "learner.overlong_buffer=4",
+        "tasks.max_eval_tasks=4", "eval.sampled=false",
+    ])
+    train(config)
+    rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    assert [r["staleness_max"] for r in rl][1:] == [1, 1]  # the pipeline ran ahead while steps refilled
+    for r in rl:
+        assert 0 <= r["refill_rounds"] <= 2 and 0 <= r["informative_groups"] <= 4
+        # each step's samples: its own 4 prompts and the refills', less a last round's surplus, 4 samples each
+        assert r["samples"] == 4 * (4 + r["refill_prompts"] - r["refill_surplus_groups"])
+        assert r["groups_filtered"] == r["samples"] // 4 - r["informative_groups"]
+        if r["informative_groups"] < 4:
+            assert r["refill_rounds"] == 2  # it kept drawing until its limit
+        assert "overlong_penalty_mean" in r and "truncated_fraction" in r
+    assert any(r["refill_prompts"] > 0 for r in rl)
+    trained = [r for r in rl if r.get("grad_norm") is not None]
+    assert trained and all(r["entropy"] > 0 and "clip_fraction_high" in r for r in trained)

@@ -110,6 +110,8 @@ def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdo
             "time_wait_rollouts_s": wait, "time_learn_s": learn, "time_sync_s": sync, "time_step_s": wait + learn + sync + 0.003,
             "learner_idle_fraction": wait / (wait + learn + sync), "loss": 0.01, "grad_norm": float("nan"),
         })
+        if with_breakdown:  # an older run has neither
+            records[-1].update(entropy=5.0 - 0.3 * step, clip_fraction_low=0.01 * step, clip_fraction_high=0.02)
         completions = [f"    return n + {step}\n", HOSTILE, "    return sorted(xs)\n", "    retur n\n"]
         sample = {"phase": "rl", "step": step, "time": t, "task": f"synthetic/add_const/{step}",
                   "completions": completions, "rewards": [1.1, 0.0, 0.1, 0.0]}
@@ -143,6 +145,8 @@ def test_report_renders_every_chart_in_chromium(tmp_path):
     evaluations, metrics, columns = 5, 3, 3  # start, after SFT, steps 2 and 4, final; pass@1, pass@4, greedy; start / after SFT / final
     assert dom.marks == {
         "train": {"line": 2, "point": 2 * 6},
+        "entropy": {"line": 1, "point": 6},
+        "clipping": {"line": 2, "point": 2 * 6},
         "sft": {"line": 1, "point": 5},
         "eval": {"line": metrics, "point": metrics * evaluations},
         "timeline": {"bar": 6 * 4},  # wait for rollouts, learn, weight sync, other
@@ -178,7 +182,8 @@ def test_a_run_from_before_the_breakdowns_still_has_a_report(tmp_path):
     write_run(run_dir, rl_steps=4, sft_steps=3, with_breakdown=False)
     dom = DomCount(run_chromium(tmp_path, "--dump-dom", write_report(run_dir).as_uri()))
     assert set(dom.marks) == {"train", "sft", "eval", "timeline", "rollouts"}
-    assert dom.notes == ["Pass rate by difficulty: not recorded in this run's files",
+    assert dom.notes == ["Policy entropy: not recorded in this run's files", "Clipped tokens: not recorded in this run's files",
+                         "Pass rate by difficulty: not recorded in this run's files",
                          "Pass rate by task family: not recorded in this run's files"]
     assert dom.tags["pre"] == 3 * 4  # the completions; each feedback cell says "not recorded"
 
