@@ -141,7 +141,10 @@ def refill(rollouts: Rollouts, wanted: int, rounds: int, generate) -> tuple[Roll
     while done < rounds and (have := sum(informative())) < wanted:
         rate = max(have / len(rollouts.groups), 1.0 / wanted)
         done += 1
-        rollouts.extend(generate(min(wanted, math.ceil((wanted - have) / rate)), done))
+        more = generate(min(wanted, math.ceil((wanted - have) / rate)), done)
+        if not more.groups:
+            break  # nothing left to draw (a curriculum with no open task)
+        rollouts.extend(more)
     kept, taken = [], 0
     for group, useful in zip(rollouts.groups, informative()):
         if useful and taken == wanted:
@@ -278,6 +281,15 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
 
             write_checkpoint(ckpt_root, name, write_model, controller_state)
 
+        def sampling(step: int) -> GenerationParams:
+            return GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature_at(step),
+                                    top_p=rollout.top_p, stop=rollout.stop)
+
+        def more_rollouts(step: int, n: int, round_index: int) -> Rollouts:
+            """A refill round of step `step`: n more tasks (none when the draw has none left)."""
+            tasks = draw.draw(n)
+            return strategy.run(tasks, sampling(step), generation_seed(config, step, 1 + round_index)) if tasks else Rollouts([])
+
         replay = GroupReplay(config.train.replay_groups, config.train.replay_capacity) if config.train.replay_groups else None
         critic_coef = config.critic.reward_coef if critic is not None else 0.0
 
@@ -290,16 +302,14 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             # 1. k trajectories per task (each turn tagged with the policy version that made it),
             #    scored by the reward service as they are made, in the background
             while next_launch <= config.train.steps and len(jobs) <= config.train.max_staleness:
-                tasks, temperature = draw.draw(), rollout.temperature_at(next_launch)
-                params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_p=rollout.top_p, stop=rollout.stop)
-                jobs.append(Job(next_launch, tasks, in_background(strategy.run, tasks, params, generation_seed(config, next_launch, 0))))
+                tasks = draw.draw()
+                jobs.append(Job(next_launch, tasks, in_background(strategy.run, tasks, sampling(next_launch), generation_seed(config, next_launch, 0))))
                 next_launch += 1
             rollouts = jobs.popleft().rollouts.result()
             temperature, refill_metrics = rollout.temperature_at(step), {}
             if config.train.max_refill_rounds:  # more prompts while too few groups are informative
-                params = GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_p=rollout.top_p, stop=rollout.stop)
                 rollouts, refill_metrics = refill(rollouts, config.train.prompts_per_step, config.train.max_refill_rounds,
-                                                  lambda n, r: strategy.run(draw.draw(n), params, generation_seed(config, step, 1 + r)))
+                                                  lambda n, round_index, step=step: more_rollouts(step, n, round_index))
             t_ready = time.time()
             for group in rollouts.groups:
                 draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))

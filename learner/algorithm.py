@@ -77,8 +77,8 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
     needed by the overlong penalty."""
     rewards, metrics = samples.rewards, {}
     groups, k = rewards.shape
-    truncated = [[[seq.truncated for seq in trajectory] for trajectory in group] for group in samples.sequences]
-    metrics["truncated_fraction"] = sum(t for group in truncated for trajectory in group for t in trajectory) / max(len(samples.flat()), 1)
+    turns = samples.flat()
+    metrics["truncated_fraction"] = sum(seq.truncated for seq in turns) / max(len(turns), 1)
     if config.overlong_buffer:
         # a reward term of each trajectory: the sum of its turns' penalties (one turn: DAPO's)
         if max_new_tokens is None:

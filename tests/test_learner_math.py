@@ -322,7 +322,7 @@ def test_sapo_and_vespo_hand_values():
     gate = [torch.sigmoid(1.0 * (r[0] - 1)) * 4 / 1.0, torch.sigmoid(2.0 * (r[1] - 1)) * 4 / 2.0]
     assert loss.item() == pytest.approx((-gate[0] * 1.0 + gate[1] * 1.0).item() / 2)
     # VESPO: w = the product of the token ratios = e^0.1; phi = e^lam w^k e^-lam w by the sign of A
-    loss, stats = policy_loss(inputs, _family(surrogate="vespo", vespo_pos=(2.0, 3.0), vespo_neg=(3.0, 2.0)))
+    loss, _ = policy_loss(inputs, _family(surrogate="vespo", vespo_pos=(2.0, 3.0), vespo_neg=(3.0, 2.0)))
     w = torch.exp(torch.tensor(0.1))
     phi_pos, phi_neg = torch.exp(3.0 + 2.0 * 0.1 - 3.0 * w), torch.exp(2.0 + 3.0 * 0.1 - 2.0 * w)
     assert loss.item() == pytest.approx((-phi_pos * 0.2 + phi_neg * -0.1).item() / 2)

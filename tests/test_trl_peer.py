@@ -211,9 +211,8 @@ def test_truncated_completions_are_masked_as_trl_masks_them(tiny_model, tmp_path
     Ours marks a turn truncated when the engine stopped it at max_new_tokens, and the algorithm seam
     masks it (learner.mask_truncated). On TRL's own generations (a model given many EOS tokens, so
     that some completions stop early), both mask the same rows, and the losses agree."""
-    from learner.algorithm import build_batch
+    from learner.algorithm import StepSamples, build_batch
     from learner.batch import TrainSequence
-    from learner.algorithm import StepSamples
     from learner.group import trained_tokens
 
     rewards = _rewards()
