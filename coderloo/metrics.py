@@ -82,6 +82,12 @@ STEP_GAUGES = {
     "staleness_max": ("coderloo_staleness_max", "Policy versions between a learned sample's sampler and the learner (max)."),
     "learner_idle_fraction": ("coderloo_learner_idle_fraction", "Share of the step the learner waited for rollouts."),
 }
+# The learner's numbers of a step that trained (a step whose groups were all uniform has none).
+LEARNER_GAUGES = {
+    "entropy": ("coderloo_policy_entropy", "Mean token entropy of the policy on the step's trained tokens (nats)."),
+    "clip_fraction_low": ("coderloo_clip_fraction_low", "Share of trained tokens clipped below 1 - clip_eps_low (negative advantage)."),
+    "clip_fraction_high": ("coderloo_clip_fraction_high", "Share of trained tokens clipped above 1 + clip_eps_high (positive advantage)."),
+}
 # The step timeline: one gauge, a `phase` tag per part.
 STEP_PHASES = {
     "time_generate_s": "generate",
@@ -103,6 +109,7 @@ class RunMetrics:
 
         self.tags = {"run": run}
         self.gauges = {key: Gauge(name, description=text, tag_keys=("run",)) for key, (name, text) in STEP_GAUGES.items()}
+        self.learner = {key: Gauge(name, description=text, tag_keys=("run",)) for key, (name, text) in LEARNER_GAUGES.items()}
         self.step = Gauge("coderloo_rl_step", description="Last finished RL step.", tag_keys=("run",))
         self.phases = Gauge("coderloo_step_phase_seconds", description="Seconds of each part of the last step.",
                             tag_keys=("run", "phase"))
@@ -114,6 +121,9 @@ class RunMetrics:
         self.step.set(step, tags=self.tags)
         for key, gauge in self.gauges.items():
             gauge.set(float(record[key]), tags=self.tags)
+        for key, gauge in self.learner.items():
+            if record.get(key) is not None:
+                gauge.set(float(record[key]), tags=self.tags)
         for key, phase in STEP_PHASES.items():
             self.phases.set(float(record[key]), tags={**self.tags, "phase": phase})
         self.samples.inc(record["samples"], tags=self.tags)
