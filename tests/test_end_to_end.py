@@ -166,7 +166,11 @@ def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_c
     train(config)
     rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2, 3]
-    assert [r["staleness_max"] for r in rl][1:] == [1, 1]  # the pipeline ran ahead while steps refilled
+    # the pipeline ran ahead while steps refilled: a step's first round was sampled before the step
+    # before it trained (one version behind, when that step trained and pushed)
+    for before, r in zip(rl, rl[1:]):
+        assert r["staleness_max"] == (1 if before.get("grad_norm") is not None else 0), (before, r)
+    assert any(r["staleness_max"] == 1 for r in rl)
     for r in rl:
         assert 0 <= r["refill_rounds"] <= 2 and 0 <= r["informative_groups"] <= 4
         # each step's samples: its own 4 prompts and the refills', less a last round's surplus, 4 samples each
