@@ -19,7 +19,7 @@ import torch
 
 from common.weight_sync import WeightSource
 from learner.batch import PackedBatch, TrainSequence, pack
-from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_entropy, token_logprobs
+from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs, token_logprobs_and_entropy
 
 # The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -125,10 +125,10 @@ class Learner(WeightSource):
         the next-token distributions' entropies (from the same logits: one micro-batch's at a time)."""
         device = self.engine.device
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
-        logprobs = token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
         if not entropy:
-            return logprobs
-        return logprobs, (token_entropy(logits, temperature).float().cpu() * batch.completion_mask).sum().item()
+            return token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
+        logprobs, entropies = token_logprobs_and_entropy(logits, batch.input_ids.to(device), temperature)
+        return logprobs.float().cpu(), (entropies.float().cpu() * batch.completion_mask).sum().item()
 
     def train_step(self, work: Work, loss_config: LossConfig) -> dict[str, float]:
         """Policy-gradient updates: one optimizer step per mini-batch of `work`.

@@ -17,6 +17,14 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return torch.gather(logits.log_softmax(dim=-1), -1, targets).squeeze(-1)
 
 
+def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_logprobs and the entropy of each next-token distribution ([B, T-1] each), from one
+    log_softmax over the vocabulary."""
+    logprobs = (logits[:, :-1].float() / temperature).log_softmax(dim=-1)
+    chosen = torch.gather(logprobs, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return chosen, -(logprobs.exp() * logprobs).sum(dim=-1)
+
+
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of each next-token distribution at `temperature`, aligned as token_logprobs: [B, T-1]."""
     logprobs = (logits[:, :-1].float() / temperature).log_softmax(dim=-1)

@@ -347,6 +347,12 @@ def test_token_entropy():
     assert h[0, 0].item() == pytest.approx(math.log(4)) and h[0, 1].item() == pytest.approx(0.0, abs=1e-6)
     # at a higher temperature the peaked distribution spreads out
     assert token_entropy(logits, temperature=10.0)[0, 1].item() > 0.5
+    # the learner's one-pass version gives the same logprobs and entropies
+    from learner.losses import token_logprobs_and_entropy
+
+    ids = torch.tensor([[0, 3, 1]])
+    logprobs, entropies = token_logprobs_and_entropy(logits, ids, temperature=2.0)
+    assert torch.equal(logprobs, token_logprobs(logits, ids, 2.0)) and torch.equal(entropies, token_entropy(logits, 2.0))
 
 
 def test_kl_estimators():
