@@ -2,8 +2,9 @@
 suite with the same budget.
 
     python -m bench.bench_algorithms          # BENCH_ALGORITHMS_STEPS=60 RL steps per run
+    BENCH_ALGORITHMS_VARIANTS=ppo+dense,rloo+dense python -m bench.bench_algorithms   # some of them
 
-Seven training runs of the default config (its SFT warm-up, then the same number of RL steps of the
+Eight training runs of the default config (its SFT warm-up, then the same number of RL steps of the
 same seed and sampling), each evaluated at its end on the held-out tasks:
 
 - rloo: the default, RLOO's leave-one-out baseline. A critic (critic.enabled) trains alongside on
@@ -17,6 +18,9 @@ same seed and sampling), each evaluated at its end on the held-out tasks:
   the others per step: the failed samples' rewrites.)
 - reinforce: no baseline at all (learner.advantage_estimator=reinforce, no whitening, which would
   subtract the batch mean): what the leave-one-out baseline buys.
+- ppo+dense: configs/ppo.yaml without its KL term: a value model (its own engine) and GAE over the
+  dense rewards, so that against rloo+dense only the estimator differs; the value model's cost is
+  the learner's time per step and peak memory against rloo+dense's.
 - dapo, dr-grpo, gspo: configs/dapo.yaml, configs/dr-grpo.yaml and configs/gspo.yaml, each the
   default with its paper's settings (see each file). DAPO's dynamic sampling draws more prompts
   when groups are uniform: it generates more than the others per step (the samples column).
@@ -40,6 +44,7 @@ VARIANTS = {  # name: (config file, overrides)
     "rloo+dense": ("configs/default.yaml", ["learner.dense_rewards=true"]),
     "rloo+refine": ("configs/default.yaml", ["refine.enabled=true", "refine.rounds=3"]),
     "reinforce": ("configs/default.yaml", ["learner.advantage_estimator=reinforce", "learner.normalize_advantages=false"]),
+    "ppo+dense": ("configs/ppo.yaml", ["learner.kl_coef=0"]),
     "dapo": ("configs/dapo.yaml", []),
     "dr-grpo": ("configs/dr-grpo.yaml", []),
     "gspo": ("configs/gspo.yaml", []),
@@ -56,15 +61,23 @@ def run(path: str, overrides: list[str], out: str) -> dict:
     return {
         "after_sft": summary["after_sft"], "final": summary["final"], "last_step": rl[-1],
         "rl_seconds": sum(r["time_step_s"] for r in rl), "samples": sum(r["samples"] for r in rl), "rl": rl,
+        # the learner's share of a step (values, KL, advantages, the update) and its rank's peak memory
+        "learn_s_per_step": sum(r["time_learn_s"] for r in rl) / len(rl),
+        "learner_rss_mb": max(r.get("learner_rss_mb_max") or 0.0 for r in rl),
     }
 
 
 def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-algorithms-")
-    results = {name: run(path, overrides, f"{root}/{name.replace('+', '-')}") for name, (path, overrides) in VARIANTS.items()}
+    chosen = os.environ.get("BENCH_ALGORITHMS_VARIANTS")
+    names = chosen.split(",") if chosen else list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"BENCH_ALGORITHMS_VARIANTS: unknown {', '.join(unknown)}; valid: {', '.join(VARIANTS)}")
+    results = {name: run(*VARIANTS[name], f"{root}/{name.replace('+', '-')}") for name in names}
     print(f"algorithms on the synthetic suite, default config, {STEPS} RL steps each (held-out pass@1 at the end)")
-    print("| run | pass@1 after SFT | pass@1 | greedy pass@1 | entropy, last step | RL time | samples | more |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | pass@1 after SFT | pass@1 | greedy pass@1 | entropy, last step | RL time | learner s/step | learner peak RSS | samples | more |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         final, last = r["final"], r["last_step"]
         more = []
@@ -82,16 +95,26 @@ def main() -> list[dict]:
             rl = [x for x in r["rl"] if x.get("clip_fraction") is not None]
             more.append(f"clip fraction (mean over steps) low {sum(x['clip_fraction_low'] for x in rl) / len(rl):.3f}, "
                         f"high {sum(x['clip_fraction_high'] for x in rl) / len(rl):.3f}")
+        if "explained_variance" in last:
+            rl = r["rl"]
+            more.append("value model: explained variance at steps 1/10/last " + " / ".join(
+                f"{rl[i]['explained_variance']:.2f}" for i in (0, min(9, len(rl) - 1), -1))
+                + f", value loss first/last {rl[0]['value_loss']:.3f} / {last['value_loss']:.3f}, "
+                f"value clip fraction (mean) {sum(x['value_clip_fraction'] for x in rl) / len(rl):.3f}")
         entropy = last.get("entropy")
         print(f"| {name} | {r['after_sft']['pass@1']:.3f} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
-              f"{'-' if entropy is None else f'{entropy:.3f}'} | {r['rl_seconds']:.0f} s | {r['samples']} | {'; '.join(more)} |")
-    rloo = results["rloo"]["final"]
-    print(f"  rloo / reinforce: {rloo['pass@1'] / max(results['reinforce']['final']['pass@1'], 1e-9):.2f}x pass@1")
-    for name in ("dapo", "dr-grpo", "gspo"):
-        r = results[name]
-        print(f"  {name} / rloo: {r['final']['pass@1'] / max(rloo['pass@1'], 1e-9):.2f}x pass@1, "
-              f"{r['rl_seconds'] / max(results['rloo']['rl_seconds'], 1e-9):.2f}x RL time")
-    return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "rloo",
+              f"{'-' if entropy is None else f'{entropy:.3f}'} | {r['rl_seconds']:.0f} s | {r['learn_s_per_step']:.2f} s | "
+              f"{r['learner_rss_mb']:.0f} MB | {r['samples']} | {'; '.join(more)} |")
+    ratios = [("rloo", "reinforce"), ("dapo", "rloo"), ("dr-grpo", "rloo"), ("gspo", "rloo"), ("ppo+dense", "rloo+dense"), ("ppo+dense", "rloo")]
+    for name, base in ratios:
+        if name in results and base in results:
+            r, b = results[name], results[base]
+            print(f"  {name} / {base}: {r['final']['pass@1'] / max(b['final']['pass@1'], 1e-9):.2f}x pass@1, "
+                  f"{r['rl_seconds'] / max(b['rl_seconds'], 1e-9):.2f}x RL time, "
+                  f"{r['learn_s_per_step'] / max(b['learn_s_per_step'], 1e-9):.2f}x learner time per step, "
+                  f"{r['learner_rss_mb'] / max(b['learner_rss_mb'], 1e-9):.2f}x learner peak memory")
+    base = "rloo" if "rloo" in results else names[0]
+    return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", base,
                        {name: r["final"]["pass@1"] for name, r in results.items()})]
 
 

@@ -192,9 +192,23 @@ class Config(Section):
         if self.train.max_refill_rounds and not self.learner.filter_uninformative:
             raise ValueError("train.max_refill_rounds refills the groups that learner.filter_uninformative drops: "
                              "turn filtering on, or set max_refill_rounds to 0")
-        if self.train.max_refill_rounds and self.learner.advantage_estimator == "reinforce":
-            raise ValueError("train.max_refill_rounds: advantage_estimator reinforce keeps every group (no baseline), "
-                             "so there is nothing to refill")
+        if self.train.max_refill_rounds and not self.learner.group_baseline:
+            raise ValueError(f"train.max_refill_rounds: advantage_estimator {self.learner.advantage_estimator} keeps every "
+                             "group (no group baseline), so there is nothing to refill")
+        return self
+
+    @model_validator(mode="after")
+    def _ppo_replay(self) -> "Config":
+        if self.train.replay_groups and self.learner.advantage_estimator == "ppo":
+            raise ValueError("train.replay_groups with advantage_estimator ppo: a replayed group's returns and value "
+                             "estimates are of an older value model; set replay_groups to 0")
+        return self
+
+    @model_validator(mode="after")
+    def _group_size(self) -> "Config":
+        if self.rollout.samples_per_prompt < 2 and self.learner.group_baseline:
+            raise ValueError(f"rollout.samples_per_prompt=1: advantage_estimator {self.learner.advantage_estimator} compares "
+                             "the samples of a prompt and needs at least 2 (ppo and reinforce can use 1)")
         return self
 
     @model_validator(mode="after")

@@ -316,8 +316,9 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
 
             # 2. the batch: advantages within each task's group of k, per token, kept groups
             samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards)
-            if learn.kl_in == "reward" and learn.kl_coef_at(step) > 0:
-                samples.turn_kl = learner.sequence_kl(samples.flat(), temperature)
+            kl_in_reward, ppo = learn.kl_in == "reward" and learn.kl_coef_at(step) > 0, learn.advantage_estimator == "ppo"
+            if kl_in_reward or ppo:  # per token, from the learner as it is before this step
+                samples.turn_kl, samples.turn_values = learner.token_stats(samples.flat(), temperature, kl=kl_in_reward, values=ppo)
             critic_step = observe(critic, rollouts) if critic is not None else None  # it learns while the policy does
             if critic_coef > 0:
                 samples.critic_p_passed = torch.tensor(critic_step.p_passed()).view(len(rollouts.groups), k)

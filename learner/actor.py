@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 from pathlib import Path
 
@@ -19,14 +20,18 @@ import torch
 
 from common.weight_sync import WeightSource
 from learner.batch import PackedBatch, TrainSequence, pack
-from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs, token_logprobs_and_entropy
+from learner.losses import (
+    LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs, token_logprobs_and_entropy, value_loss,
+)
+from learner.value import ValueModel, add_value_head, logits_and_values, policy_state
 
 # The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
 SHM_COMM_OP = "deepspeed_shm_comm"
 
-# One rank's share of a step: for each mini-batch (optimizer step), its micro-batches and the
-# normalizer of the whole mini-batch (over all ranks).
-Work = list[tuple[list[list[TrainSequence]], float]]
+# One rank's share of a step: for each mini-batch (optimizer step), its micro-batches, the
+# normalizer of the whole mini-batch's policy loss and its trained tokens (over all ranks; the
+# value loss is their mean).
+Work = list[tuple[list[list[TrainSequence]], float, int]]
 
 
 def named_weights(model) -> dict[str, torch.Tensor]:
@@ -35,7 +40,7 @@ def named_weights(model) -> dict[str, torch.Tensor]:
     A receiver that maps lm_head to the embedding ignores the extra name; one that does not would
     otherwise keep a stale lm_head and sample from the old policy without any error.
     """
-    named = {name: p.detach() for name, p in model.state_dict().items()}
+    named = policy_state({name: p.detach() for name, p in model.state_dict().items()})
     if model.config.tie_word_embeddings:
         named["lm_head.weight"] = model.get_input_embeddings().weight.detach()
     return named
@@ -96,11 +101,25 @@ class Learner(WeightSource):
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id
         model = load_causal_lm(self.model_path)
+        self.shared_value = config.advantage_estimator == "ppo" and config.value_model == "shared"
+        if self.shared_value:
+            add_value_head(model)
+        self.value_engine = None  # value_model separate: built from the policy when RL starts (_value_model)
         self.reference = None
         if config.kl_coef > 0 or (config.kl_coef_final or 0) > 0:
             # Frozen: in the training dtype (a float32 copy of a 7B model would take 30 GB per rank).
             self.reference = load_causal_lm(self.model_path, config.dtype).eval().requires_grad_(False)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.engine, self.optimizer = self._engine(model, config.lr)
+        if self.reference is not None:
+            self.reference.to(self.engine.device)
+        self.grad_norm: float | None = None
+
+    def _engine(self, model, lr: float):
+        """A DeepSpeed engine of `model` with its own AdamW (the policy's; the value model's)."""
+        import deepspeed
+
+        config = self.config
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # batches are packed by us; the count is informational
             "gradient_accumulation_steps": 1,
@@ -111,20 +130,43 @@ class Learner(WeightSource):
             "bf16": {"enabled": config.dtype == "bfloat16"},
             "steps_per_print": 10**9,
         }
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        if self.reference is not None:
-            self.reference.to(self.engine.device)
-        self.grad_norm: float | None = None
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        return engine, optimizer
+
+    def _value_model(self):
+        """The separate value model's engine, built at first use (the first RL step, or a resume)
+        from the policy as it is then: after the SFT warm-up, as OpenRLHF and verl start their
+        critic from the SFT model. A collective under ZeRO-3 (every rank builds it at once)."""
+        if self.value_engine is None:
+            from common.hf import load_causal_lm
+
+            with self._whole_parameters():
+                weights = {name: p.detach().clone() for name, p in self.engine.module.named_parameters()}
+            model = load_causal_lm(self.model_path)
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            if unexpected or set(missing) - {"lm_head.weight"}:  # a tied lm_head is not a parameter of its own
+                raise RuntimeError(f"value model from the policy: missing {missing}, unexpected {unexpected}")
+            self.value_engine, _ = self._engine(ValueModel(model), self.config.value_lr or self.config.lr)
+        return self.value_engine
+
+    def _values(self, batch: PackedBatch) -> torch.Tensor:
+        """The value model's estimates [B, T-1] (with gradient when it trains)."""
+        device = self.engine.device
+        if self.shared_value:
+            return logits_and_values(self.engine, self.engine.module, batch.input_ids.to(device), batch.attention_mask.to(device))[1].float().cpu()
+        return self._value_model()(batch.input_ids.to(device), batch.attention_mask.to(device)).float().cpu()
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False):
+    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False, logits=None):
         """Next-token logprobs at the sampler's temperature; with `entropy`, also the masked sum of
-        the next-token distributions' entropies (from the same logits: one micro-batch's at a time)."""
+        the next-token distributions' entropies (from the same logits: one micro-batch's at a time).
+        `logits`: the model's, already computed."""
         device = self.engine.device
-        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        if logits is None:
+            logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
         if not entropy:
             return token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
         logprobs, entropies = token_logprobs_and_entropy(logits, batch.input_ids.to(device), temperature)
@@ -140,64 +182,92 @@ class Learner(WeightSource):
         self._set_lr(self.config.lr)
         self.engine.train()
         temperature = loss_config.temperature
-        minis = [([pack(m, self.pad_id) for m in micros], normalizer) for micros, normalizer in work]
+        minis = [([pack(m, self.pad_id) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
         with torch.no_grad():
             step_start, entropy_sum = [], 0.0
-            for micros, _ in minis:
+            for micros, _, _ in minis:
                 step_start.append([])
                 for b in micros:
                     logprobs, entropy = self._logprobs(self.engine, b, temperature, entropy=True)
                     step_start[-1].append(logprobs)
                     entropy_sum += entropy
         diffs = torch.cat(
-            [(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for (micros, _), olds in zip(minis, step_start) for b, o in zip(micros, olds)]
+            [(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for (micros, _, _), olds in zip(minis, step_start) for b, o in zip(micros, olds)]
         )
         totals: dict[str, float] = {}
-        passes = sum(len(micros) for micros, _ in minis)
-        for (micros, normalizer), olds in zip(minis, step_start):
+        passes = sum(len(micros) for micros, _, _ in minis)
+        separate_value = loss_config.train_value and not self.shared_value
+        if separate_value:
+            self._value_model().train()
+        for (micros, normalizer, tokens), olds in zip(minis, step_start):
             for batch, step_start_logprobs in zip(micros, olds):
                 reference_logprobs = None
                 if loss_config.kl_coef > 0:
                     with torch.no_grad():
                         reference_logprobs = self._logprobs(self.reference, batch, temperature)
+                logits = values = None
+                if loss_config.train_value and self.shared_value:  # one pass: the policy's logits and the head's values
+                    device = self.engine.device
+                    logits, values = logits_and_values(self.engine, self.engine.module, batch.input_ids.to(device), batch.attention_mask.to(device))
                 inputs = LossInputs(
-                    logprobs=self._logprobs(self.engine, batch, temperature), step_start_logprobs=step_start_logprobs,
+                    logprobs=self._logprobs(self.engine, batch, temperature, logits=logits), step_start_logprobs=step_start_logprobs,
                     sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
                     reference_logprobs=reference_logprobs,
                 )
                 # DeepSpeed averages gradients over ranks: scale so that they sum instead.
                 loss, stats = policy_loss(inputs, loss_config, normalizer=normalizer / self.world_size)
+                if loss_config.train_value:
+                    # the mean over the mini-batch's trained tokens; PPO's clip against the step's start
+                    values = self._values(batch) if values is None else values.float().cpu()
+                    v_loss, v_stats = value_loss(values, batch.old_values, batch.returns, batch.completion_mask, loss_config.value_clip,
+                                                 normalizer=tokens / self.world_size)
+                    stats.update(v_stats)
+                    if self.shared_value:
+                        loss = loss + loss_config.value_loss_coef * v_loss
+                    else:
+                        self.value_engine.backward(v_loss.to(self.engine.device), scale_wrt_gas=False)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 stats["loss"] = loss.item()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value / passes
             self._step()
+            if separate_value:
+                totals["value_grad_norm"] = self._step_engine(self.value_engine)
         totals["grad_norm"] = self.grad_norm
+        totals["learner_rss_mb_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this rank's peak so far
         totals["sampler_logprob_diff_sum"] = diffs.sum().item()
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
         totals["tokens"] = float(diffs.numel())
         totals["entropy_sum"] = entropy_sum  # the policy's at the step's start, over the trained tokens
         return totals
 
-    def sequence_kl(self, micros: list[list[TrainSequence]], temperature: float, estimator: str) -> list[list[float]]:
-        """Per sequence, the sum over its completion tokens of the KL estimate to the reference."""
-        out = []
+    def token_stats(self, micros: list[list[TrainSequence]], temperature: float, kl_estimator: str | None,
+                    values: bool) -> tuple[list | None, list | None]:
+        """Before a step's advantages, per micro-batch and sequence, at each completion token: with
+        `kl_estimator`, the KL estimate to the reference (a KL penalty in the reward); with `values`,
+        the value model's estimate (PPO)."""
+        kls, estimates = [] if kl_estimator else None, [] if values else None
         with torch.no_grad():
+            if values and not self.shared_value:
+                self._value_model().eval()
             for seqs in micros:
                 batch = pack(seqs, self.pad_id)
-                kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._logprobs(self.reference, batch, temperature), estimator)
-                out.append((kl * batch.completion_mask).sum(dim=1).tolist())
-        return out
+                if kl_estimator:
+                    kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._logprobs(self.reference, batch, temperature), kl_estimator)
+                    kls.append(batch.completion_rows(seqs, kl))
+                if values:
+                    estimates.append(batch.completion_rows(seqs, self._values(batch)))
+        return kls, estimates
 
     def sft_step(self, work: Work, lr: float) -> dict[str, float]:
         """One optimizer step of next-token loss on the reference completions of `work`."""
         self._set_lr(lr)
         self.engine.train()
         total = 0.0
-        for micros, normalizer in work:
+        for micros, normalizer, _ in work:
             for seqs in micros:
                 batch = pack(seqs, self.pad_id)
                 loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask, normalizer / self.world_size)
@@ -207,14 +277,18 @@ class Learner(WeightSource):
         return {"sft_loss_sum": total, "grad_norm": self.grad_norm}
 
     def _step(self) -> None:
-        """engine.step() (the accumulation boundary), recording the gradient norm before clipping."""
-        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        """The policy's engine.step() (the accumulation boundary), recording the gradient norm."""
+        self.grad_norm = self._step_engine(self.engine)
+
+    def _step_engine(self, engine) -> float | None:
+        """engine.step(); the gradient norm before clipping."""
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
         own = float(torch.nn.utils.get_total_norm(grads)) if grads and self.world_size == 1 else None
-        self.engine.step()
+        engine.step()
         # ZeRO optimizers report the norm of the reduced gradients; with a plain optimizer on
         # one rank the gradients are whole before the step and we measured them ourselves.
-        reported = self.engine.get_global_grad_norm()
-        self.grad_norm = float(reported) if reported is not None else own
+        reported = engine.get_global_grad_norm()
+        return float(reported) if reported is not None else own
 
     def _whole_parameters(self):
         """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights.
@@ -239,14 +313,28 @@ class Learner(WeightSource):
         Path(path).mkdir(parents=True, exist_ok=True)
         with self._whole_parameters():
             if self.rank == 0:
-                self.engine.module.save_pretrained(path, safe_serialization=True)
+                module = self.engine.module
+                # a shared value head is not part of the Hugging Face model (it is in the DeepSpeed state)
+                state = policy_state(module.state_dict()) if self.shared_value else None
+                module.save_pretrained(path, safe_serialization=True, state_dict=state)
                 copy_tokenizer_files(self.model_path, path)
         if with_state:
             self.engine.save_checkpoint(str(Path(path) / "deepspeed"), tag="state")
+            if self.value_engine is not None:  # the separate value model, its optimizer and ZeRO state
+                self.value_engine.save_checkpoint(str(Path(path) / "deepspeed_value"), tag="state")
         return path
 
     def load_state(self, path: str) -> None:
-        """Restore weights and optimizer state saved by `save(path, with_state=True)`."""
+        """Restore weights and optimizer state saved by `save(path, with_state=True)` (and the
+        separate value model's, when the checkpoint has it)."""
         load_path, _ = self.engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state")
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed state under {path}/deepspeed")
+        if self.config.advantage_estimator == "ppo" and not self.shared_value:
+            value_path = Path(path) / "deepspeed_value"
+            if not value_path.exists():
+                raise FileNotFoundError(f"learner.advantage_estimator ppo: no value model state under {value_path} "
+                                        "(a checkpoint of a run without one)")
+            load_path, _ = self._value_model().load_checkpoint(str(value_path), tag="state")
+            if load_path is None:
+                raise FileNotFoundError(f"no DeepSpeed state under {value_path}")

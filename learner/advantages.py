@@ -93,9 +93,43 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards != rewards[:, :1]).any(dim=1)
 
 
-def whiten(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Scale advantages to unit standard deviation over the batch (mean stays as it is: RLOO's is 0)."""
-    return advantages / (advantages.std(unbiased=False) + eps)
+def whiten(advantages: torch.Tensor, eps: float = 1e-6, shift_mean: bool = False) -> torch.Tensor:
+    """Scale advantages to unit standard deviation over the batch; the mean stays as it is (RLOO's
+    is 0) unless `shift_mean` (PPO's GAE advantages, as TRL's and OpenRLHF's whitening)."""
+    centred = advantages - advantages.mean() if shift_mean else advantages
+    return centred / (advantages.std(unbiased=False) + eps)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation over right-padded steps [B, T] (`mask` marks the real ones,
+    a prefix of each row): per-step rewards r_t and value estimates V_t of the state before step t.
+
+        delta_t = r_t + gamma V_{t+1} - V_t        (V past the last step: 0, the episode ended)
+        A_t     = delta_t + gamma lam A_{t+1}      returns_t = A_t + V_t (the value targets)
+
+    As `get_advantages_and_returns` of OpenRLHF and the loop of TRL's PPOTrainer. lam = 1 makes A_t
+    the discounted return minus V_t (Monte Carlo); lam = 0 the one-step TD error. Padding gets 0.
+    """
+    if rewards.shape != values.shape or rewards.shape != mask.shape or rewards.dim() != 2:
+        raise ValueError(f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must all be [B, T]")
+    mask = mask.to(rewards.dtype)
+    rewards, values = rewards * mask, values * mask
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over flat tensors: 1 when the value model predicts
+    the returns, 0 when it does no better than their mean, below 0 when worse (nan if no variance)."""
+    var = returns.var(unbiased=False)
+    return float(1.0 - (returns - values).var(unbiased=False) / var) if var > 0 else float("nan")
 
 
 def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from learner.advantages import compute_advantages, dense_advantages, informative_groups, overlong_penalty, whiten
+from learner.advantages import (
+    compute_advantages, dense_advantages, explained_variance, gae, informative_groups, overlong_penalty, whiten,
+)
 from learner.batch import TrainSequence
 from learner.config import LearnerConfig
 from rollout_workers.types import Trajectory
@@ -27,7 +29,9 @@ class StepSamples:
     sequences: list[list[list[TrainSequence]]]  # [G][k][turns]: each turn as a sequence, advantages unset
     rewards: torch.Tensor  # [G, k]: each trajectory's outcome reward
     token_rewards: list[list[list[float]]] | None = None  # [G][k]: per completion token (single-turn trajectories)
-    turn_kl: list[float] | None = None  # each turn's summed KL to the reference, in the order of `flat()`
+    token_penalties: list[list[list[float] | None]] | None = None  # [G][k]: the lint and syntax part of token_rewards
+    turn_kl: list[list[float]] | None = None  # each turn's KL to the reference per completion token, in the order of `flat()`
+    turn_values: list[list[float]] | None = None  # PPO: each turn's value estimates per completion token, likewise
     critic_p_passed: torch.Tensor | None = None  # [G, k]: the critic's P(passed) of each trajectory
 
     def flat(self) -> list[TrainSequence]:
@@ -55,6 +59,7 @@ def to_sequences(groups: list[list[Trajectory]], token_rewards: bool = False) ->
     samples = StepSamples(sequences, rewards)
     if token_rewards:
         samples.token_rewards = [[_token_rewards(t, g, j) for j, t in enumerate(group)] for g, group in enumerate(groups)]
+        samples.token_penalties = [[t.turns[0].reward.token_penalties for t in group] for group in groups]
     return samples
 
 
@@ -89,17 +94,22 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         rewards = rewards + penalty
         metrics["overlong_penalty_mean"] = float(penalty.mean())
     kl_coef = config.kl_coef_at(step)
-    if config.kl_in == "reward" and kl_coef > 0:
+    kl_in_reward = config.kl_in == "reward" and kl_coef > 0
+    if kl_in_reward:
         if samples.turn_kl is None:
             raise ValueError("learner.kl_in is 'reward': the turns' KL to the reference is needed")
         turns = iter(samples.turn_kl)
-        sequence_kl = torch.tensor([[sum(next(turns) for _ in trajectory) for trajectory in group] for group in samples.sequences])
-        rewards = rewards - kl_coef * sequence_kl
+        sequence_kl = torch.tensor([[sum(_policy_sum(seq, next(turns)) for seq in trajectory) for trajectory in group]
+                                    for group in samples.sequences])
         metrics["kl_sequence_mean"] = float(sequence_kl.mean())
+        if config.advantage_estimator != "ppo":  # PPO's is per token, in its rewards
+            rewards = rewards - kl_coef * sequence_kl
     if critic_coef > 0:
         rewards = rewards + critic_coef * samples.critic_p_passed
+    if config.advantage_estimator == "ppo":
+        return _ppo_batch(samples, rewards, config, kl_coef if kl_in_reward else 0.0, metrics)
     advantages = compute_advantages(config.advantage_estimator, rewards)
-    if config.filter_uninformative and config.advantage_estimator != "reinforce":
+    if config.filter_uninformative and config.group_baseline:
         # by outcome: shaping terms alone (KL, the critic's, length) do not make a group informative
         # about its task (DAPO filters by accuracy too); the same test decides refills
         keep = informative_groups(samples.rewards)
@@ -132,3 +142,80 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         kept.append([seq for trajectory in samples.sequences[g] for seq in trajectory])
     metrics["groups_filtered"] = int((~keep).sum())
     return Batch(kept, keep, rewards, metrics)
+
+
+def _policy_sum(seq: TrainSequence, values: list[float]) -> float:
+    """The sum of per-token `values` over the tokens the policy produced."""
+    return sum(v for v, own in zip(values, seq.mask or [True] * len(values)) if own)
+
+
+def _ppo_batch(samples: StepSamples, rewards: torch.Tensor, config: LearnerConfig, kl_coef: float, metrics: dict) -> Batch:
+    """PPO: per-token advantages and returns by GAE over each trajectory's policy tokens, in order
+    (a multi-turn trajectory's turns are one episode; an environment's tokens are not steps).
+
+    A step's reward is -kl_coef x its KL to the reference (kl_in reward), plus with dense_rewards the
+    service's lint and syntax penalties on the tokens that caused them, plus the trajectory's reward at
+    its last token (less those penalties: a trajectory's step rewards sum to its reward and its KL
+    term). Every group is kept (the value model is the baseline); advantages are whitened over the
+    batch's steps, mean included, as TRL and OpenRLHF do.
+    """
+    if samples.turn_values is None:
+        raise ValueError("advantage_estimator ppo: the value model's estimates of the turns are needed")
+    groups, k = rewards.shape
+    values_of = iter(samples.turn_values)
+    kl_of = iter(samples.turn_kl) if kl_coef else None
+    steps = []  # per trajectory: its (sequence, token index) steps, their rewards and values
+    for g, group in enumerate(samples.sequences):
+        for j, trajectory in enumerate(group):
+            where, step_rewards, step_values = [], [], []
+            for seq in trajectory:
+                values, kl = next(values_of), next(kl_of) if kl_of else None
+                for t in range(len(seq.completion_ids)):
+                    if seq.mask is None or seq.mask[t]:
+                        where.append((seq, t))
+                        step_values.append(values[t])
+                        step_rewards.append(-kl_coef * kl[t] if kl is not None else 0.0)
+            outcome = float(rewards[g, j])
+            if config.dense_rewards:
+                if samples.token_penalties is None:
+                    raise ValueError("learner.dense_rewards: the trajectories' per-token penalties are needed")
+                penalties = samples.token_penalties[g][j]
+                if penalties is None or len(penalties) != len(trajectory[0].completion_ids):
+                    raise ValueError(f"group {g}, sample {j}: ppo with dense_rewards needs the reward service's token penalties "
+                                     f"for its {len(trajectory[0].completion_ids)} completion tokens")
+                for i, (_, t) in enumerate(where):
+                    step_rewards[i] += penalties[t]
+                outcome -= sum(penalties[t] for _, t in where)
+            if where:
+                step_rewards[-1] += outcome
+            steps.append((where, step_rewards, step_values))
+    longest = max((len(w) for w, _, _ in steps), default=0)
+    if longest == 0:
+        raise ValueError("advantage_estimator ppo: no trajectory of the step has a policy token")
+    step_rewards = torch.zeros(len(steps), longest)
+    step_values = torch.zeros(len(steps), longest)
+    mask = torch.zeros(len(steps), longest, dtype=torch.bool)
+    for i, (where, r, v) in enumerate(steps):
+        step_rewards[i, : len(r)], step_values[i, : len(v)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(v), True
+    advantages, returns = gae(step_rewards, step_values, mask, config.gae_gamma, config.gae_lambda)
+    metrics.update(
+        explained_variance=explained_variance(step_values[mask], returns[mask]),
+        value_estimate_mean=float(step_values[mask].mean()), return_mean=float(returns[mask].mean()),
+        advantage_abs_mean=float(advantages[mask].abs().mean()), groups_filtered=0,
+    )
+    if config.normalize_advantages:
+        advantages[mask] = whiten(advantages[mask], shift_mean=True)
+    for seq in samples.flat():
+        n = len(seq.completion_ids)
+        seq.advantages, seq.returns = [0.0] * n, [0.0] * n
+    values_of = iter(samples.turn_values)
+    for seq in samples.flat():
+        seq.values = list(next(values_of))
+    for i, (where, _, _) in enumerate(steps):
+        for s, (seq, t) in enumerate(where):
+            seq.advantages[t], seq.returns[t] = float(advantages[i, s]), float(returns[i, s])
+    for seq in samples.flat():
+        if config.mask_truncated and seq.truncated:
+            seq.mask = [False] * len(seq.completion_ids)
+    kept = [[seq for trajectory in group for seq in trajectory] for group in samples.sequences]
+    return Batch(kept, torch.ones(groups, dtype=torch.bool), rewards, metrics)

@@ -17,6 +17,8 @@ class TrainSequence:
     advantages: list[float] | None = None  # None: not yet computed (learner.algorithm.build_batch sets them)
     mask: list[bool] | None = None  # None: every completion token is trained on
     truncated: bool = False  # cut at max_new_tokens by the engine
+    values: list[float] | None = None  # PPO: the value model's estimate before each token, at the step's start
+    returns: list[float] | None = None  # PPO: each token's return (the value targets)
 
 
 @dataclass
@@ -26,6 +28,13 @@ class PackedBatch:
     completion_mask: torch.Tensor  # [B, T-1], aligned with next-token logprobs: the tokens trained on
     sampler_logprobs: torch.Tensor  # [B, T-1]
     advantages: torch.Tensor  # [B, T-1], each completion token's (0 elsewhere)
+    old_values: torch.Tensor  # [B, T-1], PPO's values at the step's start (0 elsewhere or without them)
+    returns: torch.Tensor  # [B, T-1], PPO's value targets (likewise)
+
+    def completion_rows(self, sequences: list[TrainSequence], values: torch.Tensor) -> list[list[float]]:
+        """Per sequence (the rows packed), the values of `values` [B, T-1] at its completion tokens."""
+        return [values[row, len(s.prompt_ids) - 1: len(s.prompt_ids) - 1 + len(s.completion_ids)].tolist()
+                for row, s in enumerate(sequences)]
 
 
 def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
@@ -37,8 +46,11 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
     completion_mask = torch.zeros((batch, width - 1))
     sampler_logprobs = torch.zeros((batch, width - 1))
     advantages = torch.zeros((batch, width - 1))
+    old_values = torch.zeros((batch, width - 1))
+    returns = torch.zeros((batch, width - 1))
     for row, seq in enumerate(sequences):
-        for name, values in (("sampler logprobs", seq.sampler_logprobs), ("advantages", seq.advantages), ("mask values", seq.mask)):
+        for name, values in (("sampler logprobs", seq.sampler_logprobs), ("advantages", seq.advantages), ("mask values", seq.mask),
+                             ("values", seq.values), ("returns", seq.returns)):
             if values is not None and len(values) != len(seq.completion_ids):
                 raise ValueError(f"sequence {row}: {len(values)} {name} for {len(seq.completion_ids)} completion tokens")
         ids = seq.prompt_ids + seq.completion_ids
@@ -51,6 +63,7 @@ def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
         completion_mask[row, start:end] = 1 if seq.mask is None else torch.tensor(seq.mask, dtype=torch.float)
         if seq.sampler_logprobs is not None:
             sampler_logprobs[row, start:end] = torch.tensor(seq.sampler_logprobs)
-        if seq.advantages is not None:
-            advantages[row, start:end] = torch.tensor(seq.advantages)
-    return PackedBatch(input_ids, attention_mask, completion_mask, sampler_logprobs, advantages)
+        for target, values in ((advantages, seq.advantages), (old_values, seq.values), (returns, seq.returns)):
+            if values is not None:
+                target[row, start:end] = torch.tensor(values)
+    return PackedBatch(input_ids, attention_mask, completion_mask, sampler_logprobs, advantages, old_values, returns)

@@ -92,10 +92,31 @@ class LearnerConfig(Section):
         "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
         "learner's probabilities (null: no correction).",
     )
-    advantage_estimator: Literal["rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce"] = Field(
+    advantage_estimator: Literal["rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce", "ppo"] = Field(
         default="rloo",
         description="rloo: leave-one-out baseline; grpo: group mean and std; dr_grpo: group mean, no std "
-        "(Dr. GRPO); reinforce_pp: group mean baseline, batch std; reinforce: no baseline (for comparison).",
+        "(Dr. GRPO); reinforce_pp: group mean baseline, batch std; reinforce: no baseline (for comparison); "
+        "ppo: per-token GAE advantages from a value model trained alongside the policy (value_model, gae_gamma, "
+        "gae_lambda; rollout.samples_per_prompt may be 1).",
+    )
+    value_model: Literal["separate", "shared"] = Field(
+        default="separate",
+        description="advantage_estimator ppo: separate: a value model of its own (the policy's backbone, copied "
+        "from the policy when RL starts, and a scalar head; its own optimizer and ZeRO state); shared: a scalar "
+        "head on the policy's backbone, the value loss added to the policy's with value_loss_coef.",
+    )
+    value_lr: float | None = Field(default=None, gt=0, description="ppo, value_model separate: AdamW learning rate of the value model (null: lr).")
+    value_clip: float | None = Field(
+        default=0.5, gt=0,
+        description="ppo: a value may move at most this far (reward units) from its estimate at the step's start "
+        "unless that brings it nearer its return (PPO's clipped value loss; null: plain squared error).",
+    )
+    value_loss_coef: float = Field(default=0.1, gt=0, description="ppo, value_model shared: weight of the value loss in the joint loss (TRL's vf_coef).")
+    gae_gamma: float = Field(default=1.0, ge=0, le=1, description="ppo: GAE's discount per token.")
+    gae_lambda: float = Field(
+        default=0.95, ge=0, le=1,
+        description="ppo: GAE's lambda: 1 is the return minus the value (Monte Carlo, no bias from the value model); "
+        "lower values lean on the value model's estimates (less variance, its bias).",
     )
     filter_uninformative: bool = Field(
         default=True,
@@ -139,14 +160,20 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _dense(self) -> "LearnerConfig":
-        if self.dense_rewards and self.advantage_estimator != "rloo":
+        if self.dense_rewards and self.advantage_estimator not in ("rloo", "ppo"):
             raise ValueError(
                 f"dense_rewards needs advantage_estimator 'rloo' (its per-token term is a leave-one-out "
-                f"baseline in reward units), got {self.advantage_estimator!r}"
+                f"baseline in reward units) or 'ppo' (GAE over the per-token rewards), got {self.advantage_estimator!r}"
             )
         if self.overlong_buffer and self.overlong_penalty == 0:
             raise ValueError("overlong_buffer is set but overlong_penalty is 0: the penalty would do nothing")
         return self
+
+    @property
+    def group_baseline(self) -> bool:
+        """Whether advantages compare each sample with the others of its prompt (k >= 2 needed;
+        groups of equal rewards carry no signal)."""
+        return self.advantage_estimator not in ("reinforce", "ppo")
 
     def kl_coef_at(self, step: int) -> float:
         """The KL weight at RL step `step` (1-based)."""
@@ -166,7 +193,8 @@ class LearnerConfig(Section):
             surrogate=self.policy_loss, importance_level=self.importance_level, clip_ratio_c=self.clip_ratio_c,
             clip_delta=self.clip_delta, sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg,
             vespo_pos=(self.vespo_k_pos, self.vespo_lambda_pos), vespo_neg=(self.vespo_k_neg, self.vespo_lambda_neg),
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=max_new_tokens, train_value=self.advantage_estimator == "ppo", value_clip=self.value_clip,
+            value_loss_coef=self.value_loss_coef,
         )
 
 

@@ -39,13 +39,14 @@ class LearnerGroup:
     # --- splitting work ---
 
     def _deal(self, sequences: list[TrainSequence], mini_batches: int, aggregation: str, max_new_tokens: int = 0) -> list[Work]:
-        """Each rank's micro-batches of each mini-batch, with the mini-batch's normalizer."""
+        """Each rank's micro-batches of each mini-batch, with the mini-batch's normalizer and trained tokens."""
         work: list[Work] = [[] for _ in self.ranks]
         for mini in split_even(sequences, mini_batches):
             lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mini]
-            normalizer = loss_normalizer(aggregation, [trained_tokens(s) for s in mini], max_new_tokens)
+            tokens = [trained_tokens(s) for s in mini]
+            normalizer = loss_normalizer(aggregation, tokens, max_new_tokens)
             for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))):
-                work[rank].append(([[mini[i] for i in m] for m in micros], normalizer))
+                work[rank].append(([[mini[i] for i in m] for m in micros], normalizer, max(sum(tokens), 1)))
         return work
 
     # --- steps ---
@@ -62,18 +63,24 @@ class LearnerGroup:
         results = ray.get([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)])
         return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"]}
 
-    def sequence_kl(self, sequences: list[TrainSequence], temperature: float) -> list[float]:
-        """Per sequence, the summed KL estimate to the reference (for a KL penalty in the reward)."""
+    def token_stats(self, sequences: list[TrainSequence], temperature: float, kl: bool, values: bool
+                    ) -> tuple[list[list[float]] | None, list[list[float]] | None]:
+        """Per sequence, at each completion token: with `kl`, the KL estimate to the reference (a KL
+        penalty in the reward); with `values`, the value model's estimate (PPO). None where not asked."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
         dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))
-        results = ray.get([r.sequence_kl.remote([[sequences[i] for i in m] for m in micros], temperature, self.config.kl_estimator)
+        results = ray.get([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
+                                                self.config.kl_estimator if kl else None, values)
                            for r, micros in zip(self.ranks, dealt)])
-        out = [0.0] * len(sequences)
-        for micros, values in zip(dealt, results):
-            for m, vs in zip(micros, values):
-                for i, v in zip(m, vs):
-                    out[i] = v
-        return out
+        out: list[list[list[float]] | None] = [[[] for _ in sequences] if asked else None for asked in (kl, values)]
+        for micros, per_rank in zip(dealt, results):
+            for column, rows in zip(out, per_rank):
+                if column is None:
+                    continue
+                for m, vs in zip(micros, rows):
+                    for i, v in zip(m, vs):
+                        column[i] = v
+        return out[0], out[1]
 
     # --- weights and state ---
 

@@ -77,6 +77,9 @@ class LossConfig:
     vespo_pos: tuple[float, float] = (2.0, 3.0)  # VESPO's gamma weight (k, lambda) for A >= 0
     vespo_neg: tuple[float, float] = (3.0, 2.0)  # and for A < 0
     max_new_tokens: int = 0  # the constant normalizer of seq_mean_token_sum_norm (Dr. GRPO)
+    train_value: bool = False  # PPO: train the value model on the sequences' returns (value_loss)
+    value_clip: float | None = 0.5  # value_loss's clip
+    value_loss_coef: float = 0.1  # the value loss's weight when it shares the policy's backbone
 
 
 @dataclass
@@ -217,6 +220,35 @@ def policy_loss(inputs: LossInputs, config: LossConfig, normalizer: float | None
         raise ValueError(f"unknown loss aggregation {config.aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
     loss = (per_token * mask * _row_weights(config.aggregation, mask)).sum() / normalizer
     return loss, stats
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float | None, normalizer: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped value loss over the masked tokens [B, T]:
+
+        0.5 max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)
+
+    (the value may not move more than `clip` from its estimate at the step's start unless that
+    brings it nearer the return R), summed and divided by `normalizer` (default: the masked token
+    count), as OpenRLHF's ValueLoss and TRL's PPOTrainer. `clip` None: the plain squared error.
+    Stats: value_loss (the token mean), value_clip_fraction (tokens whose clipped term was larger),
+    value_mean."""
+    mask = mask.to(values.dtype)
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        per_token, clipped = unclipped, torch.zeros_like(mask, dtype=torch.bool)
+    else:
+        bounded = old_values + (values - old_values).clamp(-clip, clip)
+        clipped_term = (bounded - returns) ** 2
+        per_token, clipped = torch.max(unclipped, clipped_term), clipped_term > unclipped
+    per_token = 0.5 * per_token
+    denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    stats = {
+        "value_loss": masked_mean(per_token, mask).item(),
+        "value_clip_fraction": masked_mean(clipped.to(mask.dtype), mask).item(),
+        "value_mean": masked_mean(values, mask).item(),
+    }
+    return (per_token * mask).sum() / denominator, stats
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:

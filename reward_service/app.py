@@ -93,7 +93,8 @@ class RewardService:
         rewards = self.scorer.score(tasks, [item.completion for item in request.items])
         for task, item, r in zip(tasks, request.items, rewards):
             if item.completion_token_ids is not None:
-                r.token_rewards = token_rewards(task, item.completion, r, item.completion_token_ids, self.tokenizer, self.config.weights)
+                r.token_rewards, r.token_penalties = token_rewards(task, item.completion, r, item.completion_token_ids, self.tokenizer,
+                                                                   self.config.weights)
             self.metrics.outcomes.labels(r.status.value).inc()
         return RewardResponse(items=rewards)
 

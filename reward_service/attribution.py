@@ -48,15 +48,17 @@ def _completion_span(diag: Diagnostic, program: str, code_offset: int, code_star
 
 def token_rewards(
     task: Task, completion: str, reward: ItemReward, token_ids: list[int], tokenizer, weights: RewardWeights
-) -> list[float]:
-    """One reward per completion token, aligned with `token_ids`."""
+) -> tuple[list[float], list[float]]:
+    """Per completion token, aligned with `token_ids`: its reward, and the part of it that is a lint
+    or syntax penalty of the tokens that caused it (the rest is the outcome spread over the code)."""
     ends = token_end_offsets(token_ids, tokenizer)
     spans = list(zip([0] + ends[:-1], ends))
     ex = extract(completion, task.prompt_is_code, task.entry_point)
     code_tokens = [i for i, (s, e) in enumerate(spans) if e > s and s < ex.end and e > ex.start]
     out = [0.0] * len(token_ids)
+    penalized = [0.0] * len(token_ids)
     if not code_tokens:
-        return out
+        return out, penalized
     c = reward.components
     shared = (
         weights.syntax * c.syntax + weights.functionality * c.functionality + weights.performance * (c.performance or 0.0)
@@ -78,4 +80,5 @@ def token_rewards(
         hit = [i for i in code_tokens if spans[i][0] < end and spans[i][1] > start] or [code_tokens[-1]]  # past the end: EOF
         for i in hit:
             out[i] -= penalty / len(hit)
-    return out
+            penalized[i] -= penalty / len(hit)
+    return out, penalized

@@ -69,6 +69,9 @@ class ItemReward(BaseModel):
         "stderr; empty when it passed."
     )
     token_rewards: list[float] | None = Field(description="One per completion token id; null when no token ids were given.")
+    token_penalties: list[float] | None = Field(
+        None, description="The lint and syntax penalties within token_rewards, on the tokens that caused them (the "
+        "rest of token_rewards is the outcome spread over the code); null when no token ids were given.")
 
 
 class RewardResponse(BaseModel):

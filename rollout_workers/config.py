@@ -25,7 +25,7 @@ class WeightSyncConfig(Section):
 class RolloutConfig(Section):
     backend: Literal["vllm", "transformers"] = Field(default="vllm", description="Generation backend of the rollout workers.")
     num_workers: int = Field(default=1, ge=1, description="Rollout worker actors.")
-    samples_per_prompt: int = Field(default=8, ge=2, description="k: completions sampled per prompt (RLOO needs k >= 2).")
+    samples_per_prompt: int = Field(default=8, ge=1, description="k: completions sampled per prompt (RLOO and the other group baselines need k >= 2).")
     max_new_tokens: int = Field(default=48, ge=1, description="Longest completion, in tokens.")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (the learner uses the same one for logprobs).")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")

@@ -9,6 +9,8 @@ from learner.advantages import (
     compute_advantages,
     dense_advantages,
     dr_grpo_advantages,
+    explained_variance,
+    gae,
     grpo_advantages,
     informative_groups,
     overlong_penalty,
@@ -292,3 +294,66 @@ def test_whitening_dense_advantages_without_signal_matches_the_sequence_path():
     # With per-token signal the scale covers both terms: unit std over the tokens.
     tokens = dense_advantages(seq, torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(12)), mask, coef=1.0)
     assert whiten(tokens[mask]).std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)
+
+
+# --- PPO: GAE and the explained variance ---
+
+
+def openrlhf_gae(values, rewards, action_mask, gamma, lambd):
+    """The peer: OpenRLHF's `get_advantages_and_returns` (openrlhf/trainer/ppo_utils/experience_maker.py),
+    written out here (it is not installed); TRL's PPOTrainer ran the same loop."""
+    lastgaelam = 0
+    advantages_reversed = []
+    response_length = rewards.size(1)
+    values = action_mask * values
+    rewards = action_mask * rewards
+    for t in reversed(range(response_length)):
+        nextvalues = values[:, t + 1] if t < response_length - 1 else 0.0
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lambd * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
+
+
+def test_gae_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [1.0, 7.0, 7.0]])
+    values = torch.tensor([[0.5, 0.6, 0.8], [0.5, 9.0, 9.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])  # row 1: one step, then padding
+    advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    # delta_2 = 1 - 0.8 = 0.2; delta_1 = 0.9 * 0.8 - 0.6 = 0.12; delta_0 = 0.9 * 0.6 - 0.5 = 0.04; gamma lam = 0.72
+    assert advantages[0].tolist() == pytest.approx([0.04 + 0.72 * (0.12 + 0.72 * 0.2), 0.12 + 0.72 * 0.2, 0.2])
+    assert returns[0].tolist() == pytest.approx([0.5 + 0.23008, 0.6 + 0.264, 1.0])
+    assert advantages[1].tolist() == pytest.approx([0.5, 0.0, 0.0]) and returns[1].tolist() == pytest.approx([1.0, 0.0, 0.0])
+    # lam = 1: the return minus the value (Monte Carlo); lam = 0: the one-step TD error
+    mc, mc_returns = gae(rewards[:1], values[:1], mask[:1], gamma=0.9, lam=1.0)
+    assert mc_returns[0].tolist() == pytest.approx([0.81, 0.9, 1.0]) and mc[0].tolist() == pytest.approx([0.31, 0.3, 0.2])
+    td, _ = gae(rewards[:1], values[:1], mask[:1], gamma=0.9, lam=0.0)
+    assert td[0].tolist() == pytest.approx([0.04, 0.12, 0.2])
+
+
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.99, 1.0), (0.9, 0.5)])
+def test_gae_matches_openrlhf(gamma, lam):
+    torch.manual_seed(0)
+    lengths = torch.tensor([7, 3, 1, 5])
+    mask = torch.arange(7) < lengths.unsqueeze(1)
+    rewards, values = torch.randn(4, 7), torch.randn(4, 7)
+    ours, ours_returns = gae(rewards, values, mask, gamma, lam)
+    theirs, their_returns = openrlhf_gae(values, rewards, mask.float(), gamma, lam)
+    assert torch.allclose(ours, theirs, atol=1e-6) and torch.allclose(ours_returns, their_returns, atol=1e-6)
+
+
+def test_gae_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"must all be \[B, T\]"):
+        gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), 1.0, 1.0)
+
+
+def test_explained_variance_and_whitening_with_the_mean():
+    returns = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(returns, returns) == 1.0
+    assert explained_variance(torch.full((4,), 2.5), returns) == pytest.approx(0.0)
+    assert explained_variance(-returns, returns) < 0
+    assert math.isnan(explained_variance(returns, torch.ones(4)))
+    white = whiten(returns, shift_mean=True)
+    assert white.mean().item() == pytest.approx(0.0, abs=1e-6) and white.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    assert whiten(returns).mean().item() > 0  # RLOO's: the scale only

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from coderloo.tasksets.synthetic import synthetic_suite
-from learner.advantages import dense_advantages, rloo_advantages, whiten
+from learner.advantages import dense_advantages, explained_variance, gae, rloo_advantages, whiten
 from learner.algorithm import build_batch, to_sequences
 from learner.config import LearnerConfig
 from reward_service.schemas import Components, ItemReward
@@ -14,10 +14,11 @@ from sandbox_pool import Status
 TASKS = synthetic_suite()["train"][:3]
 
 
-def reward(total: float, token_rewards=None) -> ItemReward:
+def reward(total: float, token_rewards=None, token_penalties=None) -> ItemReward:
     passed = total >= 1.0
     return ItemReward(components=Components(syntax=1.0, functionality=total, lint=None, performance=None), total=total,
-                      passed=passed, status=Status.passed if passed else Status.failed, diagnostics=[], token_rewards=token_rewards)
+                      passed=passed, status=Status.passed if passed else Status.failed, diagnostics=[], token_rewards=token_rewards,
+                      token_penalties=token_penalties)
 
 
 def turn(tokens: int, r: ItemReward, start: int = 0, mask=None) -> Turn:
@@ -65,10 +66,11 @@ def test_every_turn_of_a_trajectory_trains_with_its_advantage_and_the_policy_mas
 
 
 def test_kl_in_the_reward_sums_a_trajectorys_turns():
-    first = trajectory(TASKS[0], turn(1, reward(0.0)), turn(1, reward(1.0)))
+    first = trajectory(TASKS[0], turn(1, reward(0.0)), turn(3, reward(1.0), mask=[True, False, True]))
     second = trajectory(TASKS[0], turn(1, reward(1.0)))
     samples = to_sequences([[first, second]])
-    samples.turn_kl = [0.5, 1.5, 0.25]  # flat order: trajectory 0's two turns, then trajectory 1's
+    # per token, flat order: trajectory 0's two turns, then trajectory 1's; an environment's token's is not the policy's
+    samples.turn_kl = [[0.5], [1.0, 9.0, 0.5], [0.25]]
     config = LearnerConfig(kl_coef=0.1, kl_in="reward", normalize_advantages=False, filter_uninformative=False)
     batch = build_batch(samples, config, step=1)
     assert batch.rewards[0].tolist() == pytest.approx([1.0 - 0.1 * 2.0, 1.0 - 0.1 * 0.25])
@@ -201,3 +203,66 @@ def test_refill_needs_filtering_and_a_baseline():
 
     with pytest.raises(ConfigError, match="turn filtering on"):
         load_config("configs/default.yaml", ["train.max_refill_rounds=2", "learner.filter_uninformative=false"])
+
+
+# --- PPO: GAE over each trajectory's policy tokens ---
+
+PPO = dict(advantage_estimator="ppo", normalize_advantages=False, gae_gamma=1.0, gae_lambda=1.0)
+
+
+def test_ppo_advantages_by_gae_with_one_sample_per_prompt_and_every_group_kept():
+    samples = to_sequences(groups_of([[1.0], [0.0]], tokens=3))  # k = 1; group 1 has no signal for a group baseline
+    samples.turn_values = [[0.1, 0.2, 0.3], [0.0, 0.5, 0.5]]
+    batch = build_batch(samples, LearnerConfig(**{**PPO, "gae_lambda": 0.5}), step=1)
+    values = torch.tensor(samples.turn_values)
+    advantages, returns = gae(torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]), values, torch.ones(2, 3, dtype=torch.bool), 1.0, 0.5)
+    assert batch.kept.tolist() == [True, True] and batch.metrics["groups_filtered"] == 0
+    assert [a for s in batch.sequences for a in s.advantages] == pytest.approx(advantages.flatten().tolist())
+    assert [r for s in batch.sequences for r in s.returns] == pytest.approx(returns.flatten().tolist())
+    assert [s.values for s in batch.sequences] == samples.turn_values  # the estimates the value loss clips against
+    assert batch.metrics["explained_variance"] == pytest.approx(explained_variance(values.flatten(), returns.flatten()))
+    # whitened over the batch's tokens, mean included
+    samples.turn_values = values.tolist()
+    white = build_batch(samples, LearnerConfig(**{**PPO, "normalize_advantages": True}), step=1)
+    flat = torch.tensor([a for s in white.sequences for a in s.advantages])
+    assert flat.mean().item() == pytest.approx(0.0, abs=1e-6) and flat.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)
+    with pytest.raises(ValueError, match="value model's estimates"):
+        build_batch(to_sequences(groups_of([[1.0]])), LearnerConfig(**PPO), step=1)
+
+
+def test_ppo_with_dense_rewards_puts_penalties_on_their_tokens_and_the_rest_of_the_outcome_last():
+    r = reward(1.0, token_rewards=[0.4, 0.2, 0.4], token_penalties=[0.0, -0.2, 0.0])  # lint on token 1
+    samples = to_sequences([[trajectory(TASKS[0], turn(3, r))]], token_rewards=True)
+    samples.turn_values = [[0.0, 0.0, 0.0]]
+    batch = build_batch(samples, LearnerConfig(**PPO, dense_rewards=True), step=1)
+    # step rewards [0, -0.2, 1.2] (they sum to the outcome); lam = 1, no values: the reward-to-go
+    assert batch.sequences[0].advantages == pytest.approx([1.0, 1.0, 1.2])
+    no_penalties = to_sequences([[trajectory(TASKS[0], turn(3, reward(1.0, token_rewards=[0.3, 0.3, 0.4])))]], token_rewards=True)
+    no_penalties.turn_values = [[0.0] * 3]
+    with pytest.raises(ValueError, match="group 0, sample 0: ppo with dense_rewards needs the reward service's token penalties"):
+        build_batch(no_penalties, LearnerConfig(**PPO, dense_rewards=True), step=1)
+
+
+def test_ppo_runs_through_a_multi_turn_trajectory_skipping_environment_tokens_with_kl_per_token():
+    first = trajectory(TASKS[0], turn(2, reward(0.0)), turn(3, reward(1.0), start=5, mask=[True, False, True]))
+    second = trajectory(TASKS[0], turn(1, reward(0.0), start=20))
+    samples = to_sequences([[first, second]])
+    samples.turn_values = [[0.1, 0.2], [0.3, 9.0, 0.4], [0.5]]
+    samples.turn_kl = [[0.5, 0.0], [0.0, 7.0, 1.0], [0.0]]
+    batch = build_batch(samples, LearnerConfig(**PPO, kl_coef=0.1, kl_in="reward"), step=1)
+    # trajectory 0's steps: its 4 policy tokens, rewards [-0.05, 0, 0, 1 - 0.1]; returns 0.85, 0.9, 0.9, 0.9
+    turn1, turn2, other = batch.sequences
+    assert turn1.advantages == pytest.approx([0.75, 0.7]) and turn1.returns == pytest.approx([0.85, 0.9])
+    assert turn2.advantages == pytest.approx([0.6, 0.0, 0.5]) and turn2.returns == pytest.approx([0.9, 0.0, 0.9])
+    assert other.advantages == pytest.approx([-0.5]) and batch.rewards.tolist() == [[1.0, 0.0]]  # the KL is per token, not in the outcome
+    assert batch.metrics["kl_sequence_mean"] == pytest.approx((1.5 + 0.0) / 2)
+
+
+def test_ppo_masks_truncated_completions_after_their_advantages():
+    groups = [[trajectory(TASKS[0], turn(2, reward(0.0))), trajectory(TASKS[0], turn(2, reward(1.0), start=3))]]
+    groups[0][0].turns[0].truncated = True
+    samples = to_sequences(groups)
+    samples.turn_values = [[0.0, 0.0], [0.0, 0.0]]
+    batch = build_batch(samples, LearnerConfig(**PPO, mask_truncated=True), step=1)
+    assert batch.sequences[0].mask == [False, False] and batch.sequences[1].mask == [True, True]
+    assert batch.sequences[1].advantages == pytest.approx([1.0, 1.0])

@@ -182,3 +182,31 @@ def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_c
     assert any(r["refill_prompts"] > 0 for r in rl)
     trained = [r for r in rl if r.get("grad_norm") is not None]
     assert trained and all(r["entropy"] > 0 and "clip_fraction_high" in r for r in trained)
+
+
+def test_ppo_preset_with_one_sample_per_prompt_trains_its_value_model_and_resumes(ray_cluster, tiny_model, tmp_path):
+    """configs/ppo.yaml (a value model, GAE over the dense rewards and a per-token KL) with k = 1:
+    every sample trains, the value model starts at zero and learns, and a run resumed from a
+    checkpoint brings the value model back with the policy."""
+    out = tmp_path / "ppo"
+
+    def config(steps: int):
+        return load_config("configs/ppo.yaml", [
+            f"model.path={tiny_model}", f"train.output_dir={out}", "sft.steps=10", "sft.batch_size=16",
+            f"train.steps={steps}", "train.prompts_per_step=6", "train.eval_every=0", "train.checkpoint_every=0",
+            "rollout.samples_per_prompt=1", "rollout.max_new_tokens=16", "tasks.max_eval_tasks=4", "eval.sampled=false",
+        ])
+
+    train(config(2))
+    assert (out / "checkpoints" / "step_2" / "deepspeed_value").is_dir()
+    train(config(3), resume=True)
+    rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    for r in rl:
+        assert r["samples"] == 6 and r["groups_filtered"] == 0 and r["grad_norm"] is not None  # no group baseline to filter by
+        assert r["value_loss"] >= 0 and 0 <= r["value_clip_fraction"] <= 1 and r["value_grad_norm"] > 0
+        assert r["kl_sequence_mean"] is not None and r["learner_rss_mb_max"] > 0
+    assert rl[0]["value_estimate_mean"] == 0.0  # the head starts at zero
+    assert rl[2]["value_estimate_mean"] != 0.0  # and after a resume it is the trained one, not a new one
+    exported = load_file(out / "checkpoints" / "final" / "model.safetensors")
+    assert not any("value" in name for name in exported)

@@ -116,3 +116,42 @@ def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, t
         learner.kill()
     assert all(torch.equal(unchanged[n], initial[n]) for n in initial)
     assert any(not torch.equal(changed[n], initial[n]) for n in initial)
+
+
+@pytest.mark.parametrize("value_model, stage", [("separate", 2), ("shared", 0)])
+def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_cluster, tiny_model, tmp_path, value_model, stage):
+    """PPO's value model (its own engine at ZeRO-2, or a head on the policy at ZeRO-0): it starts at
+    zero, its loss falls as it learns fixed returns, the policy it publishes has no value tensor,
+    and a checkpoint brings its estimates back exactly."""
+    _, sequences = batch(tiny_model, count=6)
+    config = LearnerConfig(advantage_estimator="ppo", value_model=value_model, zero_stage=stage, optimizer_steps=2, lr=1e-3,
+                           value_loss_coef=1.0, max_tokens_per_micro_batch=256)
+    for seq in sequences:
+        seq.returns = [0.8] * len(seq.completion_ids)
+    learner = LearnerGroup(str(tiny_model), config)
+    losses, first = [], None
+    try:
+        for _ in range(5):
+            kl, values = learner.token_stats(sequences, 1.0, kl=False, values=True)
+            assert kl is None and [len(v) for v in values] == [len(s.completion_ids) for s in sequences]
+            first = first or values
+            for seq, v in zip(sequences, values):
+                seq.values = v
+            stats = learner.train_step(sequences, loss(config))
+            losses.append(stats["value_loss"])
+            assert 0.0 <= stats["value_clip_fraction"] <= 1.0 and stats["grad_norm"] > 0
+        learner.save(str(tmp_path / "ckpt"), with_state=True)
+        _, saved_values = learner.token_stats(sequences, 1.0, kl=False, values=True)
+    finally:
+        learner.kill()
+    assert all(v == 0.0 for row in first for v in row)  # the head starts at zero: the first advantages are the returns
+    assert losses[-1] < 0.5 * losses[0], losses
+    published = load_causal_lm(tmp_path / "ckpt").state_dict()  # no unexpected (value) tensor in the Hugging Face export
+    assert set(published) == set(load_causal_lm(tiny_model).state_dict())
+    resumed = LearnerGroup(str(tiny_model), config)
+    try:
+        resumed.load_state(str(tmp_path / "ckpt"))
+        _, values = resumed.token_stats(sequences, 1.0, kl=False, values=True)
+    finally:
+        resumed.kill()
+    assert values == saved_values

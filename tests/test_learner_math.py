@@ -7,7 +7,7 @@ import torch
 from learner.advantages import rloo_advantages, whiten
 from learner.batch import TrainSequence, pack
 from learner.packing import deal_to_ranks, pack_by_tokens, split_even
-from learner.losses import LossConfig, LossInputs, policy_loss, sft_loss, token_logprobs
+from learner.losses import LossConfig, LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
 
 
 
@@ -364,3 +364,19 @@ def test_kl_estimators():
     assert torch.allclose(kl_penalty(lp, ref, "k3"), torch.exp(d) - d - 1)
     with pytest.raises(ValueError, match="unknown KL estimator 'k2'"):
         kl_penalty(lp, ref, "k2")
+
+
+def test_clipped_value_loss_by_hand():
+    values = torch.tensor([[1.0, 0.0, 0.6, 5.0]], requires_grad=True)
+    old = torch.tensor([[0.5, 0.5, 0.5, 0.0]])
+    returns = torch.tensor([[2.0, 0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last token is not trained on
+    loss, stats = value_loss(values, old, returns, mask, clip=0.2)
+    # token 0: max((1 - 2)^2, (0.7 - 2)^2) = 1.69; token 1: max(0, 0.3^2) = 0.09; token 2: within the clip, 0.16
+    assert loss.item() == pytest.approx(0.5 * (1.69 + 0.09 + 0.16) / 3)
+    assert stats["value_clip_fraction"] == pytest.approx(2 / 3) and stats["value_mean"] == pytest.approx(1.6 / 3)
+    loss.backward()
+    # a clipped term is flat in the value: no gradient moves it further than the clip allows
+    assert values.grad[0].tolist() == pytest.approx([0.0, 0.0, (0.6 - 1.0) / 3, 0.0])
+    plain, _ = value_loss(values, old, returns, mask, clip=None, normalizer=6.0)
+    assert plain.item() == pytest.approx(0.5 * (1.0 + 0.0 + 0.16) / 6)

@@ -44,7 +44,7 @@ def test_refinement_trajectories_reach_the_batch_with_their_advantage(ray_cluste
     assert rates == sorted(rates) and rollouts.metrics["rounds_mean"] == sum(len(t.turns) for t in trajectories) / len(trajectories)
     # every turn of a trajectory trains with the trajectory's advantage
     samples = to_sequences(rollouts.groups)
-    samples.turn_kl = [0.01 * i for i in range(len(samples.flat()))]  # sets apart groups whose outcomes all fail
+    samples.turn_kl = [[0.01 * i] + [0.0] * (len(seq.completion_ids) - 1) for i, seq in enumerate(samples.flat())]  # sets apart groups whose outcomes all fail
     batch = build_batch(samples, LearnerConfig(kl_coef=0.5, kl_in="reward", filter_uninformative=False), step=1)
     sequences = iter(batch.sequences)
     for t in trajectories:

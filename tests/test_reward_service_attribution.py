@@ -29,7 +29,9 @@ def dense(tokenizer, task: Task, completion: str, weights: RewardWeights, passed
     )
     reward = RewardScorer(None, Limits(), weights=weights).reward(task, analysis, result, diagnostics)
     pieces = [tokenizer.decode([i]) for i in ids]
-    return pieces, token_rewards(task, completion, reward, ids, tokenizer, weights), reward
+    values, penalties = token_rewards(task, completion, reward, ids, tokenizer, weights)
+    # the penalties are the part of the rewards that is not the outcome spread over the code
+    return pieces, values, reward, penalties
 
 
 def prefix_end_offsets(token_ids, tokenizer):
@@ -58,29 +60,32 @@ def test_token_end_offsets(tokenizer):
 
 def test_lint_penalty_on_the_tokens_of_a_continuation(tokenizer):
     weights = RewardWeights(syntax=0.1, functionality=1.0, lint=0.5, lint_saturation=2)
-    pieces, values, reward = dense(tokenizer, CODE_TASK, "    import os\n    return x + 1\n", weights, 4, 4)
+    pieces, values, reward, penalties = dense(tokenizer, CODE_TASK, "    import os\n    return x + 1\n", weights, 4, 4)
     assert pieces == ["   ", " import", " ", "o", "s", "\n", "   ", " return", " x", " +", " ", "1", "\n"]
     shared = 1.1 / 13  # syntax and functionality spread over every (code) token
     penalty = 0.5 * 0.5 / 2  # F401 on `os` (program row 3, columns 12-14): tokens 'o' and 's'
     assert values == pytest.approx([shared] * 3 + [shared - penalty] * 2 + [shared] * 8)
     assert sum(values) == pytest.approx(reward.total)
+    assert penalties == pytest.approx([0.0] * 3 + [-penalty] * 2 + [0.0] * 8)
 
 
 def test_prose_and_fences_get_zero(tokenizer):
     weights = RewardWeights(syntax=0.1, functionality=1.0, lint=0.5, lint_rules=["S"])
-    pieces, values, reward = dense(tokenizer, PROSE_TASK, "Here:\n```python\nx = eval(s)\n```\n", weights, 1, 2)
+    pieces, values, reward, penalties = dense(tokenizer, PROSE_TASK, "Here:\n```python\nx = eval(s)\n```\n", weights, 1, 2)
     assert pieces[10:17] == ["x", " =", " e", "v", "al", "(s", ")\n"]  # the code: completion[16:28]
     shared = (0.1 + 0.5) / 7
     penalty = 0.5 * (1 / 5) / 5  # S307 covers `eval(s)` (columns 5-12): tokens ' e' to ')\n'
     assert values[:10] == [0.0] * 10 and values[17:] == [0.0] * 4
     assert values[10:17] == pytest.approx([shared] * 2 + [shared - penalty] * 5)
     assert sum(values) == pytest.approx(reward.total)
+    assert penalties == pytest.approx([0.0] * 12 + [-penalty] * 5 + [0.0] * 4)
 
 
 def test_syntax_error_penalty_at_its_position(tokenizer):
     weights = RewardWeights(syntax=0.1, functionality=1.0)
-    pieces, values, reward = dense(tokenizer, CODE_TASK, "    return (x +\n", weights, 0, 3)
+    pieces, values, reward, penalties = dense(tokenizer, CODE_TASK, "    return (x +\n", weights, 0, 3)
     assert reward.components.syntax == 0.0 and reward.total == 0.0
     # "'(' was never closed" at program row 3, column 12: completion character 11, the '(' token
     at = next(i for i, p in enumerate(pieces) if "(" in p)
     assert values == pytest.approx([-0.1 if i == at else 0.0 for i in range(len(pieces))])
+    assert penalties == values  # nothing to spread: every part of it is the error's
