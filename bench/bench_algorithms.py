@@ -4,7 +4,7 @@ suite with the same budget.
     python -m bench.bench_algorithms          # BENCH_ALGORITHMS_STEPS=60 RL steps per run
     BENCH_ALGORITHMS_VARIANTS=ppo+dense,rloo+dense python -m bench.bench_algorithms   # some of them
 
-Eight training runs of the default config (its SFT warm-up, then the same number of RL steps of the
+Nine training runs of the default config (its SFT warm-up, then the same number of RL steps of the
 same seed and sampling), each evaluated at its end on the held-out tasks:
 
 - rloo: the default, RLOO's leave-one-out baseline. A critic (critic.enabled) trains alongside on
@@ -20,7 +20,8 @@ same seed and sampling), each evaluated at its end on the held-out tasks:
   subtract the batch mean): what the leave-one-out baseline buys.
 - ppo+dense: configs/ppo.yaml without its KL term: a value model (its own engine) and GAE over the
   dense rewards, so that against rloo+dense only the estimator differs; the value model's cost is
-  the learner's time per step and peak memory against rloo+dense's.
+  the learner's time per step and peak memory against rloo+dense's. ppo+dense+shared: the same
+  with the value head on the policy's backbone (learner.value_model shared).
 - dapo, dr-grpo, gspo: configs/dapo.yaml, configs/dr-grpo.yaml and configs/gspo.yaml, each the
   default with its paper's settings (see each file). DAPO's dynamic sampling draws more prompts
   when groups are uniform: it generates more than the others per step (the samples column).
@@ -45,6 +46,7 @@ VARIANTS = {  # name: (config file, overrides)
     "rloo+refine": ("configs/default.yaml", ["refine.enabled=true", "refine.rounds=3"]),
     "reinforce": ("configs/default.yaml", ["learner.advantage_estimator=reinforce", "learner.normalize_advantages=false"]),
     "ppo+dense": ("configs/ppo.yaml", ["learner.kl_coef=0"]),
+    "ppo+dense+shared": ("configs/ppo.yaml", ["learner.kl_coef=0", "learner.value_model=shared"]),
     "dapo": ("configs/dapo.yaml", []),
     "dr-grpo": ("configs/dr-grpo.yaml", []),
     "gspo": ("configs/gspo.yaml", []),
@@ -105,7 +107,8 @@ def main() -> list[dict]:
         print(f"| {name} | {r['after_sft']['pass@1']:.3f} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
               f"{'-' if entropy is None else f'{entropy:.3f}'} | {r['rl_seconds']:.0f} s | {r['learn_s_per_step']:.2f} s | "
               f"{r['learner_rss_mb']:.0f} MB | {r['samples']} | {'; '.join(more)} |")
-    ratios = [("rloo", "reinforce"), ("dapo", "rloo"), ("dr-grpo", "rloo"), ("gspo", "rloo"), ("ppo+dense", "rloo+dense"), ("ppo+dense", "rloo")]
+    ratios = [("rloo", "reinforce"), ("dapo", "rloo"), ("dr-grpo", "rloo"), ("gspo", "rloo"), ("ppo+dense", "rloo+dense"), ("ppo+dense", "rloo"),
+              ("ppo+dense+shared", "rloo+dense"), ("ppo+dense+shared", "ppo+dense")]
     for name, base in ratios:
         if name in results and base in results:
             r, b = results[name], results[base]

@@ -251,6 +251,13 @@ function charts(root) {
       series: [{ name: "low", values: data.train.clip_fraction_low }, { name: "high", values: data.train.clip_fraction_high }] });
   } else notRecorded(clipping, "Clipped tokens");
 
+  if (data.train.value_loss.some((v) => v !== null)) {  // PPO's value model: only runs that have one
+    const value = card(grid, "Value model", "PPO's value model on each RL step: explained variance of the returns by its estimates "
+      + "before the step (1: it predicts them; 0: no better than their mean), and its clipped value loss.");
+    lineChart(value, "value", { x: data.train.step, xTitle: "RL step", radius: 1.8,
+      series: [{ name: "explained variance", values: data.train.explained_variance }, { name: "value loss", values: data.train.value_loss }] });
+  }
+
   const sft = card(grid, "SFT loss", "Next-token loss on reference solutions, per warm-up step.");
   if (data.sft.step.length && data.sft.loss.some((v) => v !== null)) {
     lineChart(sft, "sft", { x: data.sft.step, xTitle: "SFT step", radius: 1.8, series: [{ name: "SFT loss", values: data.sft.loss }] });

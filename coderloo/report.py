@@ -62,7 +62,8 @@ def report_data(run_dir: Path) -> dict:
         "summary": _summary(run_dir / "summary.json"),
         "train": {"step": [r["step"] for r in rl], "reward_mean": _column(rl, "reward_mean"), "pass_rate": _column(rl, "pass_rate"),
                   "entropy": _column(rl, "entropy"), "clip_fraction_low": _column(rl, "clip_fraction_low"),
-                  "clip_fraction_high": _column(rl, "clip_fraction_high")},
+                  "clip_fraction_high": _column(rl, "clip_fraction_high"),
+                  "explained_variance": _column(rl, "explained_variance"), "value_loss": _column(rl, "value_loss")},
         "sft": {"step": [r["step"] for r in sft], "loss": _column(sft, "sft_loss")},
         "evals": [{"label": _eval_label(r), **{k: _number(v) for k, v in r.items() if k.startswith(("pass@", "greedy_pass@"))}}
                   for r in evals],

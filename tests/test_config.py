@@ -137,3 +137,23 @@ def test_method_presets_are_the_default_with_their_papers_settings(name, expecte
     assert preset.learner.advantage_estimator == estimator and not preset.learner.normalize_advantages
     if name == "dapo":
         assert preset.train.max_refill_rounds == 3 and preset.learner.overlong_buffer == 10
+
+
+def test_ppo_preset_and_the_estimators_that_take_one_sample_per_prompt():
+    preset, default = load_config("configs/ppo.yaml"), load_config("configs/default.yaml")
+    learner = preset.learner
+    assert (learner.advantage_estimator, learner.value_model, learner.dense_rewards, learner.kl_in) == ("ppo", "separate", True, "reward")
+    assert learner.loss_config(1, 1.0, 48).train_value and not default.learner.loss_config(1, 1.0, 48).train_value
+    assert preset.rollout == default.rollout and preset.train.output_dir == "runs/ppo"
+    assert preset.reward.tokenizer_path is not None  # the dense rewards' tokenizer, as for rloo+dense
+    # k = 1: the estimators without a group baseline take it, the others name the field
+    for estimator in ("ppo", "reinforce"):
+        assert load_config("configs/default.yaml", [f"learner.advantage_estimator={estimator}", "rollout.samples_per_prompt=1"])
+    with pytest.raises(ConfigError, match="rollout.samples_per_prompt=1: advantage_estimator rloo compares the samples"):
+        load_config("configs/default.yaml", ["rollout.samples_per_prompt=1"])
+    with pytest.raises(ConfigError, match="train.replay_groups with advantage_estimator ppo"):
+        load_config("configs/ppo.yaml", ["train.replay_groups=2"])
+    with pytest.raises(ConfigError, match="max_refill_rounds: advantage_estimator ppo keeps every group"):
+        load_config("configs/ppo.yaml", ["train.max_refill_rounds=2"])
+    with pytest.raises(ConfigError, match="dense_rewards needs advantage_estimator 'rloo'.* or 'ppo'"):
+        load_config("configs/default.yaml", ["learner.dense_rewards=true", "learner.advantage_estimator=grpo"])

@@ -118,12 +118,13 @@ def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, t
     assert any(not torch.equal(changed[n], initial[n]) for n in initial)
 
 
-@pytest.mark.parametrize("value_model, stage", [("separate", 2), ("shared", 0)])
+@pytest.mark.parametrize("value_model, stage", [("separate", 3), ("shared", 2)])
 def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_cluster, tiny_model, tmp_path, value_model, stage):
-    """PPO's value model (its own engine at ZeRO-2, or a head on the policy at ZeRO-0): it starts at
-    zero, its loss falls as it learns fixed returns, the policy it publishes has no value tensor,
-    and a checkpoint brings its estimates back exactly."""
-    _, sequences = batch(tiny_model, count=6)
+    """PPO's value model (its own engine at ZeRO-3, built from the policy after an SFT step; or a head
+    on the policy at ZeRO-2, idle through SFT): it starts at zero, its loss falls as it learns fixed
+    returns, the policy it publishes has no value tensor, and a checkpoint brings its estimates back
+    exactly. (The default config, ZeRO-0 with a separate model, runs in tests/test_end_to_end.py.)"""
+    examples, sequences = batch(tiny_model, count=6)
     config = LearnerConfig(advantage_estimator="ppo", value_model=value_model, zero_stage=stage, optimizer_steps=2, lr=1e-3,
                            value_loss_coef=1.0, max_tokens_per_micro_batch=256)
     for seq in sequences:
@@ -131,6 +132,7 @@ def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_
     learner = LearnerGroup(str(tiny_model), config)
     losses, first = [], None
     try:
+        assert learner.sft_step(examples)["grad_norm"] > 0
         for _ in range(5):
             kl, values = learner.token_stats(sequences, 1.0, kl=False, values=True)
             assert kl is None and [len(v) for v in values] == [len(s.completion_ids) for s in sequences]

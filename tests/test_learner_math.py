@@ -380,3 +380,24 @@ def test_clipped_value_loss_by_hand():
     assert values.grad[0].tolist() == pytest.approx([0.0, 0.0, (0.6 - 1.0) / 3, 0.0])
     plain, _ = value_loss(values, old, returns, mask, clip=None, normalizer=6.0)
     assert plain.item() == pytest.approx(0.5 * (1.0 + 0.0 + 0.16) / 6)
+
+
+def openrlhf_value_loss(values, old_values, returns, action_mask, clip_eps):
+    """The peer: OpenRLHF's ValueLoss (openrlhf/models/loss.py), written out here (not installed)."""
+    values_clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
+    surr1 = (values_clipped - returns) ** 2
+    surr2 = (values - returns) ** 2
+    loss = torch.max(surr1, surr2)
+    return 0.5 * (loss * action_mask).sum() / action_mask.sum()
+
+
+def test_value_loss_matches_openrlhf():
+    torch.manual_seed(0)
+    values = torch.randn(3, 9, requires_grad=True)
+    old, returns = values.detach() + 0.3 * torch.randn(3, 9), torch.randn(3, 9)
+    mask = (torch.arange(9) < torch.tensor([[9], [4], [1]])).float()
+    ours, _ = value_loss(values, old, returns, mask, clip=0.2)
+    (our_grad,) = torch.autograd.grad(ours, values)
+    theirs = openrlhf_value_loss(values, old, returns, mask, 0.2)
+    (their_grad,) = torch.autograd.grad(theirs, values)
+    assert torch.allclose(ours, theirs, atol=1e-7) and torch.allclose(our_grad, their_grad, atol=1e-7)

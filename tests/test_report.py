@@ -75,7 +75,7 @@ class DomCount(HTMLParser):
             self._text.append(data)
 
 
-def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdown: bool = True) -> None:
+def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdown: bool = True, ppo: bool = False) -> None:
     """A run directory as coderloo.controller.run writes it, with made-up but realistic numbers:
     evaluations at the start, after SFT, every 2 RL steps and at the end. `with_breakdown=False`
     is a run from before the pass rates by difficulty and family and the samples' feedback."""
@@ -112,6 +112,8 @@ def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdo
         })
         if with_breakdown:  # an older run has neither
             records[-1].update(entropy=5.0 - 0.3 * step, clip_fraction_low=0.01 * step, clip_fraction_high=0.02)
+        if ppo:
+            records[-1].update(explained_variance=-0.5 + 0.2 * step, value_loss=0.3 / step)
         completions = [f"    return n + {step}\n", HOSTILE, "    return sorted(xs)\n", "    retur n\n"]
         sample = {"phase": "rl", "step": step, "time": t, "task": f"synthetic/add_const/{step}",
                   "completions": completions, "rewards": [1.1, 0.0, 0.1, 0.0]}
@@ -159,6 +161,14 @@ def test_report_renders_every_chart_in_chromium(tmp_path):
     assert "<title>coderloo run run</title>" in dump
     assert dom.pre.count(HOSTILE) == 3  # the three latest steps' groups
     assert "SyntaxError: invalid syntax <stdin>" in dom.pre
+    assert dom.notes == []
+
+
+def test_a_ppo_run_also_charts_its_value_model(tmp_path):
+    run_dir = tmp_path / "run"
+    write_run(run_dir, rl_steps=6, sft_steps=5, ppo=True)
+    dom = DomCount(run_chromium(tmp_path, "--dump-dom", write_report(run_dir).as_uri()))
+    assert dom.marks["value"] == {"line": 2, "point": 2 * 6}  # explained variance and value loss, each step
     assert dom.notes == []
 
 
