@@ -31,6 +31,7 @@ BENCHMARKS = {
     "reward_service": "bench.bench_reward_service",
     "pipeline": "bench.bench_pipeline",
     "trl": "bench.bench_trl",
+    "lora": "bench.bench_lora",
     "algorithms": "bench.bench_algorithms",
 }
 RESULTS_DIR = Path(__file__).resolve().parent

@@ -66,6 +66,10 @@ def _eval(args, config) -> int:
     else:
         suites[config.tasks.eval_set] = (load_tasks(config.tasks)[1], config.rollout.stop)
     model = str(resolve(args.model or config.model.path))
+    adapter, adapter_rank = None, None
+    if args.adapter:
+        adapter = str(resolve(args.adapter))
+        adapter_rank = _adapter_rank(Path(adapter))
     # the libraries' and actors' logs (coderloo/console.py): next to the report, or in a new directory
     logs = Path(args.out).with_suffix(".logs") if args.out else Path(tempfile.mkdtemp(prefix="coderloo-eval-logs-"))
     results = {}
@@ -77,7 +81,9 @@ def _eval(args, config) -> int:
         print(f"logs in {logs}", file=sys.stderr)
         rewards_service = RewardClient(config.reward)
         console.quiet_loggers()
-        workers = start_workers(model, config.rollout, config.learner.seed)
+        workers = start_workers(model, config.rollout, config.learner.seed, lora_rank=adapter_rank)
+        if adapter:
+            ray.get([w.load_adapter.remote(adapter) for w in workers])
         strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine)
         try:
             for name, (tasks, stop) in suites.items():
@@ -93,16 +99,32 @@ def _eval(args, config) -> int:
             if starts_ray:
                 ray.shutdown()
     if sets:
-        report = {"model": model, "samples_per_task": config.eval.samples_per_task,
+        report = {"model": model, **({"adapter": adapter} if adapter else {}), "samples_per_task": config.eval.samples_per_task,
                   "temperature": config.eval.temperature, "sets": results}
     else:  # one set: its numbers at the top level
-        report = {"model": model, "set": config.tasks.eval_set, **results[config.tasks.eval_set]}
+        report = {"model": model, **({"adapter": adapter} if adapter else {}), "set": config.tasks.eval_set,
+                  **results[config.tasks.eval_set]}
     print(json.dumps(report, indent=2))
     print(results_table(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _adapter_rank(directory: Path) -> int:
+    """The rank of the PEFT LoRA adapter in `directory` (what the engines reserve room for)."""
+    config = directory / "adapter_config.json"
+    if not config.is_file():
+        raise ConfigError(f"--adapter {directory}: no adapter_config.json (expected a PEFT adapter directory, "
+                          "such as a checkpoint's adapter/)")
+    try:
+        settings = json.loads(config.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{config}:{e.lineno}: not JSON: {e.msg}") from None
+    if settings.get("peft_type") != "LORA" or not isinstance(settings.get("r"), int):
+        raise ConfigError(f"{config}: not a LoRA adapter (peft_type {settings.get('peft_type')!r}, r {settings.get('r')!r})")
+    return settings["r"]
 
 
 def results_table(results: dict[str, dict]) -> str:
@@ -160,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=fn)
         if name == "eval":
             p.add_argument("--model", default=None, help="model directory (default: model.path)")
+            p.add_argument("--adapter", default=None,
+                           help="a LoRA adapter directory in PEFT's format (a checkpoint's adapter/), served on --model")
             p.add_argument(
                 "--sets", default=None,
                 help="comma-separated benchmark sets: mbpp, mbpp-sanitized, humaneval, humaneval+, mbpp+, "

@@ -205,6 +205,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_engine(self) -> "Config":
+        lora = self.learner.lora
+        if lora is None or lora.sync != "adapter" or self.rollout.backend != "vllm":
+            return self
+        if lora.modules_to_save:
+            raise ValueError(f"learner.lora.modules_to_save={lora.modules_to_save}: vLLM serves no adapter with modules "
+                             "trained whole; set learner.lora.sync: merged (the whole model is pushed)")
+        from rollout_workers.vllm_backend import LORA_RANKS
+
+        if lora.rank > LORA_RANKS[-1]:
+            raise ValueError(f"learner.lora.rank={lora.rank}: vLLM serves adapters of rank at most {LORA_RANKS[-1]}; "
+                             "set learner.lora.sync: merged for a larger one")
+        return self
+
+    @model_validator(mode="after")
     def _group_size(self) -> "Config":
         if self.rollout.samples_per_prompt < 2 and self.learner.group_baseline:
             raise ValueError(f"rollout.samples_per_prompt=1: advantage_estimator {self.learner.advantage_estimator} compares "

@@ -227,7 +227,8 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
     rewards_service = RewardClient(config.reward)
     console.quiet_loggers()  # Serve's, set up as it started
     learner = LearnerGroup(str(model_path), config.learner, sft_lr=config.sft.lr, name=out.name)
-    workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name)
+    workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name,
+                            lora_rank=config.learner.pushed_adapter_rank)
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync)
     strategy = make_strategy(rollouts_group, rewards_service, config.refine)
     critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
@@ -254,15 +255,21 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
                 metrics.write("sft", step + 1, **learner.sft_step(batch))
             if config.sft.steps:
                 rollouts_group.push()
+            if learn.lora is not None and learn.lora.start == "rl":
+                learner.start_lora()  # the adapter starts on the SFT'd policy, which the engines now hold
+                rollouts_group.replan()
             after_sft = run_eval("rl", 0)
             first_step = 1
         else:
             # --- resume: weights, optimizer, data cursor, curriculum and generator from the checkpoint ---
+            if learn.lora is not None:
+                learner.start_lora()  # the checkpoint's state is of the adapted policy
             learner.load_state(str(checkpoint))
             if critic is not None:
                 critic.load(checkpoint)
             rollouts_group.version = state["version"] - 1
-            rollouts_group.push()
+            rollouts_group.replan()
+            rollouts_group.push(catch_up=True)  # with LoRA on an SFT'd base: that base, then the adapter
             draw.load_state(state)
             base, after_sft = state["evals"]["base"], state["evals"]["after_sft"]
             first_step = state["step"] + 1
@@ -392,6 +399,7 @@ def step_record(step, t0, t_ready, t_learn, run_start, first_step, version, summ
         "time_wait_rollouts_s": t_ready - t0,
         "time_learn_s": t_learn - t_ready,
         "time_sync_s": sync["sync_s"],
+        "sync_bytes": sync.get("sync_bytes", 0),  # what the push moved: the weights, or a LoRA adapter
         "learner_idle_fraction": 1.0 - (t_learn - t_ready) / dt,
         "time_step_s": dt,
         "reward_requests_retried": reward_retries,

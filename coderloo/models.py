@@ -34,6 +34,11 @@ class TinyModelSpec(BaseModel):
     num_kv_heads: int = Field(default=2, ge=1, description="Key/value heads (grouped-query attention).")
     max_position_embeddings: int = Field(default=512, ge=64, description="Longest sequence the model accepts.")
     tie_word_embeddings: bool = Field(default=True, description="Share input embeddings and lm_head (as Qwen2.5 small models do).")
+    vocab_rows: int | None = Field(
+        default=None, ge=300,
+        description="Embedding rows when more than the tokenizer's tokens (real models pad their vocabulary: "
+        "Qwen2.5's 151,936), for a model of a real shape; None: the tokenizer's size.",
+    )
     seed: int = Field(default=0, description="Seed of the random initialisation.")
 
 
@@ -78,7 +83,7 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str], spec: TinyModel
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(corpus, spec.vocab_size, out_dir)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), spec.vocab_rows or 0),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,

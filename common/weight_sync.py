@@ -14,6 +14,13 @@ sum of every bucket and of a few probe parameters. Each receiver checks the sums
 against the trailer, and the probe parameters read back from its engine after loading, before it
 takes on the new version (`verify`). Every collective has a timeout: a peer that died or never
 joined raises an error that says so, rather than hanging the run.
+
+A push is of one form (`BucketPlan.form`): "weights", the whole model as the engine serves it;
+"adapter", only a LoRA adapter's tensors under PEFT's names with its adapter_config, which the
+engine serves on the base model it holds (its probe: the sum of every lora_A matrix as the engine
+holds them, ADAPTER_PROBE); "base", the whole model under the adapter, without it (an engine that
+starts from other weights than the learner's base gets it before the adapter). A source's
+`sync_forms` say which pushes bring a new engine up to date; the last is each step's push.
 """
 from __future__ import annotations
 
@@ -26,6 +33,10 @@ import torch
 # Parameters read back from the engine after every update: embeddings and norms are stored as
 # sent (linear layers are repacked by CPU kernels, so their sums are not comparable).
 PROBE_NAMES = ("model.embed_tokens.weight", "model.norm.weight")
+# An adapter push's probe: the sum of all of its lora_A matrices (engines keep them as sent; vLLM
+# scales lora_B by alpha / r and packs q, k, v together, which leaves that sum alone).
+ADAPTER_PROBE = "*.lora_A"
+FORMS = ("weights", "base", "adapter")
 
 
 class WeightSyncError(RuntimeError):
@@ -59,18 +70,24 @@ class BucketPlan:
     """The order and grouping of the tensors of one push; fixed for a model, computed once."""
 
     buckets: tuple[tuple[TensorSpec, ...], ...]
-    probes: tuple[str, ...]  # names from PROBE_NAMES that the model has
+    probes: tuple[str, ...]  # names from PROBE_NAMES that the model has, or ADAPTER_PROBE
+    adapter: dict | None = None  # an adapter push: its adapter_config.json (PEFT's); None: whole weights
+    form: str = "weights"  # "weights", "base" or "adapter" (module docstring)
 
     @property
     def nbytes(self) -> int:
         return sum(s.numel * s.torch_dtype.itemsize for b in self.buckets for s in b)
 
 
-def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> BucketPlan:
+def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, adapter: dict | None = None,
+                 form: str = "weights") -> BucketPlan:
     """Group tensors, in order, into buckets of one dtype and at most `bucket_bytes` each.
 
-    A tensor larger than `bucket_bytes` travels alone in its own bucket.
+    A tensor larger than `bucket_bytes` travels alone in its own bucket. `adapter`: the tensors are
+    a LoRA adapter with this adapter_config (form "adapter"); `form` "base": whole weights under one.
     """
+    if (adapter is not None) != (form == "adapter") or form not in FORMS:
+        raise ValueError(f"a push of form {form!r} {'with' if adapter is not None else 'without'} an adapter_config")
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     buckets: list[list[TensorSpec]] = []
@@ -88,8 +105,30 @@ def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -
         names.append(name)
     if len(set(names)) != len(names):
         raise ValueError("tensor names must be unique within a push")
+    if adapter is not None:
+        if not any(is_lora_a(n) for n in names):
+            raise ValueError("an adapter push without lora_A tensors")
+        return BucketPlan(tuple(tuple(b) for b in buckets), (ADAPTER_PROBE,), adapter, form)
     probes = tuple(p for p in PROBE_NAMES if p in names)
-    return BucketPlan(tuple(tuple(b) for b in buckets), probes)
+    return BucketPlan(tuple(tuple(b) for b in buckets), probes, None, form)
+
+
+def is_lora_a(name: str) -> bool:
+    return ".lora_A." in name
+
+
+def probe_sums(named: Mapping[str, torch.Tensor], probes: Iterable[str]) -> dict[str, float]:
+    """The float64 sum of each probe: a named tensor, or ADAPTER_PROBE (every lora_A of `named`;
+    PEFT's names with or without the adapter's own name). A probe `named` lacks is left out."""
+    sums = {}
+    for probe in probes:
+        if probe == ADAPTER_PROBE:
+            tensors = [t for n, t in named.items() if is_lora_a(n)]
+            if tensors:
+                sums[probe] = float(sum(t.detach().double().sum() for t in tensors))
+        elif probe in named:
+            sums[probe] = float(named[probe].detach().double().sum())
+    return sums
 
 
 def open_group(backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float):
@@ -143,21 +182,31 @@ def send(group, plan: BucketPlan, named: Mapping[str, torch.Tensor], device: tor
         buf = torch.cat([named[s.name].detach().reshape(-1).to(device=device, dtype=s.torch_dtype) for s in bucket])
         sums.append(buf.double().sum())
         _broadcast(group, buf)
-    probes = [named[name].detach().double().sum() for name in plan.probes]
-    _broadcast(group, torch.tensor([float(x) for x in sums + probes], dtype=torch.float64, device=device))
+    probes = probe_sums(named, plan.probes)
+    _broadcast(group, torch.tensor([float(x) for x in sums] + [probes[p] for p in plan.probes], dtype=torch.float64, device=device))
     return {"bytes": plan.nbytes}
 
 
 class WeightSource:
     """Mixin for the actor that owns the weights (the learner's rank 0): the sender's side of
-    RolloutGroup.connect/push. Subclasses define `weights_for_sync()`, a context manager that
-    yields {name: tensor} of whole weights (ZeRO-3 gathers them there)."""
+    RolloutGroup.connect/push. Subclasses define `weights_for_sync(form)`, a context manager that
+    yields {name: tensor} of the push of that form (ZeRO-3 gathers them there); one with a LoRA
+    adapter also `sync_forms` and `adapter_config`."""
 
     _sync_group = None
     _sync_device = "cpu"
 
-    def weights_for_sync(self):
+    def weights_for_sync(self, form: str = "weights"):
         raise NotImplementedError
+
+    def sync_forms(self) -> list[str]:
+        """The pushes that bring an engine started from the model's path up to date, in order;
+        the last one is what each step pushes."""
+        return ["weights"]
+
+    def adapter_config(self) -> dict | None:
+        """The adapter_config.json of the adapter a push of form "adapter" carries."""
+        return None
 
     def weight_sync_address(self) -> tuple[str, int]:
         """Where receivers reach this actor's store: its node's address and a free port."""
@@ -169,14 +218,18 @@ class WeightSource:
         self._sync_group = open_group(transport, host, port, 0, world_size, timeout_s)
         self._sync_device = "cuda" if transport == "nccl" else "cpu"
 
-    def weight_plan(self, bucket_bytes: int) -> BucketPlan:
-        with self.weights_for_sync() as named:
-            return plan_buckets(named.items(), bucket_bytes)
+    def weight_plans(self, bucket_bytes: int) -> list[BucketPlan]:
+        """One plan for each of `sync_forms`. A collective under ZeRO-3 (every rank calls it)."""
+        plans = []
+        for form in self.sync_forms():
+            with self.weights_for_sync(form) as named:
+                plans.append(plan_buckets(named.items(), bucket_bytes, self.adapter_config() if form == "adapter" else None, form))
+        return plans
 
     def send_weights(self, plan: BucketPlan, send_them: bool = True) -> dict:
-        """Broadcast the weights; with `send_them` false (learner ranks > 0), only take part in
-        gathering them (a collective under ZeRO-3)."""
-        with self.weights_for_sync() as named:
+        """Broadcast the push of `plan`; with `send_them` false (learner ranks > 0), only take part
+        in gathering it (a collective under ZeRO-3)."""
+        with self.weights_for_sync(plan.form) as named:
             if not send_them:
                 return {"bytes": 0}
             if self._sync_group is None:

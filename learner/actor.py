@@ -19,6 +19,7 @@ import ray
 import torch
 
 from common.weight_sync import WeightSource
+from learner import lora
 from learner.batch import PackedBatch, TrainSequence, pack
 from learner.losses import (
     LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs, token_logprobs_and_entropy, value_loss,
@@ -34,13 +35,18 @@ SHM_COMM_OP = "deepspeed_shm_comm"
 Work = list[tuple[list[list[TrainSequence]], float, int]]
 
 
-def named_weights(model) -> dict[str, torch.Tensor]:
-    """The weights the rollout engines load, a tied embedding under both of its names.
+def named_weights(model, base: bool = False) -> dict[str, torch.Tensor]:
+    """The weights the rollout engines load, a tied embedding under both of its names; of a LoRA
+    policy, merged (or with `base`, the weights under its adapter).
 
     A receiver that maps lm_head to the embedding ignores the extra name; one that does not would
     otherwise keep a stale lm_head and sample from the old policy without any error.
     """
-    named = policy_state({name: p.detach() for name, p in model.state_dict().items()})
+    if lora.is_peft(model):
+        state = lora.base_weights(model) if base else lora.merged_weights(model)
+    else:
+        state = model.state_dict()
+    named = policy_state({name: p.detach() for name, p in state.items()})
     if model.config.tie_word_embeddings:
         named["lm_head.weight"] = model.get_input_embeddings().weight.detach()
     return named
@@ -104,9 +110,11 @@ class Learner(WeightSource):
         self.shared_value = config.advantage_estimator == "ppo" and config.value_model == "shared"
         if self.shared_value:
             add_value_head(model)
+        if config.lora is not None and config.lora.start == "sft":
+            model = lora.wrap(model, config.lora)
         self.value_engine = None  # value_model separate: built from the policy when RL starts (_value_model)
-        self.reference = None
-        if config.kl_coef > 0 or (config.kl_coef_final or 0) > 0:
+        self.reference = None  # with LoRA, the policy with its adapter disabled (_reference_logprobs)
+        if config.lora is None and (config.kl_coef > 0 or (config.kl_coef_final or 0) > 0):
             # Frozen: in the training dtype (a float32 copy of a 7B model would take 30 GB per rank).
             self.reference = load_causal_lm(self.model_path, config.dtype).eval().requires_grad_(False)
         self.engine, self.optimizer = self._engine(model, config.lr)
@@ -119,7 +127,8 @@ class Learner(WeightSource):
         import deepspeed
 
         config = self.config
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
+        # Only what trains has optimizer state (with LoRA, the adapter).
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=config.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # batches are packed by us; the count is informational
             "gradient_accumulation_steps": 1,
@@ -133,6 +142,20 @@ class Learner(WeightSource):
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         return engine, optimizer
 
+    def start_lora(self) -> None:
+        """lora.start rl: from here on, train an adapter on the policy as it is now (after the SFT
+        warm-up, every weight of which trained). A collective under ZeRO-3."""
+        if self.config.lora is None or lora.is_peft(self.engine.module):
+            return
+        from common.hf import load_causal_lm
+
+        with self._whole_parameters():
+            weights = {name: t.detach().clone() for name, t in self.engine.module.state_dict().items()}
+        model = load_causal_lm(self.model_path)
+        model.load_state_dict(weights)
+        self.engine = self.optimizer = None  # the full model's optimizer state goes
+        self.engine, self.optimizer = self._engine(lora.wrap(model, self.config.lora), self.config.lr)
+
     def _value_model(self):
         """The separate value model's engine, built at first use (the first RL step, or a resume)
         from the policy as it is then: after the SFT warm-up, as OpenRLHF and verl start their
@@ -141,7 +164,11 @@ class Learner(WeightSource):
             from common.hf import load_causal_lm
 
             with self._whole_parameters():
-                weights = {name: p.detach().clone() for name, p in self.engine.module.named_parameters()}
+                module = self.engine.module
+                if lora.is_peft(module):  # the policy's weights with its adapter merged
+                    weights = {name: t.clone() for name, t in lora.merged_weights(module).items()}
+                else:
+                    weights = {name: p.detach().clone() for name, p in module.named_parameters()}
             model = load_causal_lm(self.model_path)
             missing, unexpected = model.load_state_dict(weights, strict=False)
             if unexpected or set(missing) - {"lm_head.weight"}:  # a tied lm_head is not a parameter of its own
@@ -155,6 +182,13 @@ class Learner(WeightSource):
         if self.shared_value:
             return logits_and_values(self.engine, self.engine.module, batch.input_ids.to(device), batch.attention_mask.to(device))[1].float().cpu()
         return self._value_model()(batch.input_ids.to(device), batch.attention_mask.to(device)).float().cpu()
+
+    def _reference_logprobs(self, batch: PackedBatch, temperature: float) -> torch.Tensor:
+        """The KL reference's logprobs: the frozen copy, or with LoRA the policy with its adapter off."""
+        if self.reference is not None:
+            return self._logprobs(self.reference, batch, temperature)
+        with lora.reference_disabled(self.engine.module):
+            return self._logprobs(self.engine, batch, temperature)
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -207,7 +241,7 @@ class Learner(WeightSource):
                 reference_logprobs = None
                 if loss_config.kl_coef > 0:
                     with torch.no_grad():
-                        reference_logprobs = self._logprobs(self.reference, batch, temperature)
+                        reference_logprobs = self._reference_logprobs(batch, temperature)
                 logits = values = None
                 if loss_config.train_value and self.shared_value:  # one pass: the policy's logits and the head's values
                     device = self.engine.device
@@ -256,7 +290,7 @@ class Learner(WeightSource):
             for seqs in micros:
                 batch = pack(seqs, self.pad_id)
                 if kl_estimator:
-                    kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._logprobs(self.reference, batch, temperature), kl_estimator)
+                    kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._reference_logprobs(batch, temperature), kl_estimator)
                     kls.append(batch.completion_rows(seqs, kl))
                 if values:
                     estimates.append(batch.completion_rows(seqs, self._values(batch)))
@@ -290,34 +324,67 @@ class Learner(WeightSource):
         reported = engine.get_global_grad_norm()
         return float(reported) if reported is not None else own
 
-    def _whole_parameters(self):
-        """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights.
+    def _whole_parameters(self, trainable_only: bool = False):
+        """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights
+        (`trainable_only`: those that train, a LoRA adapter's).
 
         A collective: every rank must enter it together.
         """
         if self.config.zero_stage == 3:
             import deepspeed
 
-            return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
+            params = [p for p in self.engine.module.parameters() if p.requires_grad or not trainable_only]
+            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
         return contextlib.nullcontext()
 
+    def sync_forms(self) -> list[str]:
+        """WeightSource: a LoRA policy with lora.sync adapter pushes its adapter (after the base
+        under it when that is not the model's path: lora.start rl); otherwise whole weights."""
+        if not (lora.is_peft(self.engine.module) and self.config.lora.sync == "adapter"):
+            return ["weights"]
+        return ["base", "adapter"] if self.config.lora.start == "rl" else ["adapter"]
+
+    def adapter_config(self) -> dict | None:
+        return lora.adapter_config(self.engine.module) if lora.is_peft(self.engine.module) else None
+
     @contextlib.contextmanager
-    def weights_for_sync(self):
-        """Whole weights for the rollout engines (WeightSource: rank 0 sends them)."""
+    def weights_for_sync(self, form: str = "weights"):
+        """A push of `form` (WeightSource; rank 0 sends it): the whole weights (a LoRA policy's
+        merged), the base under the adapter, or the adapter's tensors alone."""
+        if form == "adapter":
+            with self._whole_parameters(trainable_only=True):
+                yield lora.adapter_weights(self.engine.module)
+            return
         with self._whole_parameters():
-            yield named_weights(self.engine.module)
+            yield named_weights(self.engine.module, base=form == "base")
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters of the policy, those that train, and the bytes of their optimizer state (this rank's)."""
+        module = self.engine.module
+        state = self.optimizer.state if hasattr(self.optimizer, "state") else {}
+        optimizer_bytes = sum(t.numel() * t.element_size() for s in state.values() for t in s.values() if torch.is_tensor(t))
+        return {"parameters": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in module.parameters()),
+                "trainable": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in module.parameters() if p.requires_grad),
+                "optimizer_state_bytes": optimizer_bytes}
 
     def save(self, path: str, with_state: bool = False) -> str:
         """Save the policy in Hugging Face format (loadable by `coderloo eval` and by vLLM); with
-        `with_state`, also DeepSpeed's state (optimizer, ZeRO partitions) under `path/deepspeed`."""
+        LoRA, its adapter under `path/adapter` (PEFT's format), the merged model only with
+        lora.merged_export, and with lora.start rl the adapter's base under `path/base`. With `with_state`, also DeepSpeed's state (optimizer, ZeRO partitions)
+        under `path/deepspeed`."""
         Path(path).mkdir(parents=True, exist_ok=True)
         with self._whole_parameters():
             if self.rank == 0:
                 module = self.engine.module
-                # a shared value head is not part of the Hugging Face model (it is in the DeepSpeed state)
-                state = policy_state(module.state_dict()) if self.shared_value else None
-                module.save_pretrained(path, safe_serialization=True, state_dict=state)
+                if lora.is_peft(module):
+                    lora.save(module, path, merged=self.config.lora.merged_export, base=self.config.lora.start == "rl")
+                else:
+                    # a shared value head is not part of the Hugging Face model (it is in the DeepSpeed state)
+                    state = policy_state(module.state_dict()) if self.shared_value else None
+                    module.save_pretrained(path, safe_serialization=True, state_dict=state)
                 copy_tokenizer_files(self.model_path, path)
+                if (Path(path) / lora.BASE_DIR).is_dir():
+                    copy_tokenizer_files(self.model_path, Path(path) / lora.BASE_DIR)
         if with_state:
             self.engine.save_checkpoint(str(Path(path) / "deepspeed"), tag="state")
             if self.value_engine is not None:  # the separate value model, its optimizer and ZeRO state

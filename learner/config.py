@@ -9,6 +9,40 @@ from common.config import Section
 from learner.losses import LossConfig
 
 
+class LoraSettings(Section):
+    rank: int = Field(default=16, ge=1, description="r: the rank of each adapter matrix pair.")
+    alpha: float = Field(default=32.0, gt=0, description="lora_alpha: the adapter's update is scaled by alpha / rank.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Linear layers (by module name, as PEFT matches them) that get an adapter.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained and saved whole beside the adapter (e.g. embed_tokens, lm_head); vLLM "
+        "serves no adapter with them, so they need sync merged.",
+    )
+    sync: Literal["adapter", "merged"] = Field(
+        default="adapter",
+        description="What reaches the rollout engines after each step: adapter (only the adapter's tensors; vLLM "
+        "serves it with its LoRA support) or merged (the whole model with the adapter merged in, for engines "
+        "or models where adapters are not supported).",
+    )
+    start: Literal["sft", "rl"] = Field(
+        default="sft",
+        description="sft: the adapter trains from the start, in the SFT warm-up too (the model's path is its base); "
+        "rl: the SFT warm-up trains every weight and the adapter starts on the result, as a LoRA run on an "
+        "instruct model does (on the CPU default, whose model is random, only this learns: the warm-up "
+        "stands in for that model's training). Its base then travels to the rollout engines once, after SFT, "
+        "and to an engine that restarts.",
+    )
+    merged_export: bool = Field(
+        default=True,
+        description="Checkpoints also hold the merged model in Hugging Face format (beside the adapter, "
+        "always saved under adapter/); false: the adapter only.",
+    )
+
+
 class LearnerConfig(Section):
     num_ranks: int = Field(default=1, ge=1, description="Learner ranks (Ray actors in one torch.distributed group; data parallel).")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu (gloo) or cuda (one GPU per rank, NCCL).")
@@ -156,7 +190,20 @@ class LearnerConfig(Section):
         description="With dense_rewards, the discount of the reward-to-go: 1 is unbiased, and a penalty also "
         "falls on every token before it; lower values keep it nearer the tokens that caused it.",
     )
+    lora: LoraSettings | None = Field(
+        default=None,
+        description="Train a LoRA adapter (PEFT) instead of every weight: only its parameters have gradients "
+        "and optimizer state, the KL reference is the base model with the adapter disabled, and the rollout "
+        "engines get the adapter (lora.sync). Null: full fine-tuning.",
+    )
     seed: int = Field(default=0, description="Seed of the learner.")
+
+    @model_validator(mode="after")
+    def _lora(self) -> "LearnerConfig":
+        if self.lora is not None and self.advantage_estimator == "ppo" and self.value_model == "shared":
+            raise ValueError("lora with value_model shared: a value head on an adapted backbone is not supported; "
+                             "use value_model separate (a value model of its own, trained whole)")
+        return self
 
     @model_validator(mode="after")
     def _dense(self) -> "LearnerConfig":
@@ -174,6 +221,11 @@ class LearnerConfig(Section):
         """Whether advantages compare each sample with the others of its prompt (k >= 2 needed;
         groups of equal rewards carry no signal)."""
         return self.advantage_estimator not in ("reinforce", "ppo")
+
+    @property
+    def pushed_adapter_rank(self) -> int | None:
+        """The rank of the LoRA adapters the learner pushes to the rollout engines (None: it pushes whole weights)."""
+        return self.lora.rank if self.lora is not None and self.lora.sync == "adapter" else None
 
     def kl_coef_at(self, step: int) -> float:
         """The KL weight at RL step `step` (1-based)."""

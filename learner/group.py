@@ -89,6 +89,14 @@ class LearnerGroup:
         """For RolloutGroup.connect: rank 0 sends; the others take part in ZeRO-3's gathers."""
         return self.ranks
 
+    def start_lora(self) -> None:
+        """learner.lora.start rl: the adapter starts on the policy as it is now (Learner.start_lora)."""
+        ray.get([r.start_lora.remote() for r in self.ranks])
+
+    def parameter_counts(self) -> dict[str, int]:
+        """The policy's parameters, those that train and rank 0's optimizer-state bytes (Learner.parameter_counts)."""
+        return ray.get(self.ranks[0].parameter_counts.remote())
+
     def save(self, path: str, with_state: bool = False) -> None:
         ray.get([r.save.remote(path, with_state) for r in self.ranks])
 

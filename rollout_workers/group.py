@@ -35,7 +35,7 @@ class RolloutGroup:
         self.version = 0
         self._inflight: list[dict[ray.ObjectRef, int]] = [{} for _ in self.workers]
         self._sources: list = []
-        self._plan = None
+        self._plans: list = []  # the source's pushes that bring a new engine up to date; the last is each step's
         self._dispatch_lock = threading.Lock()
         self._healthy = True
         self._pids: list[int] = []
@@ -129,10 +129,21 @@ class RolloutGroup:
         refs = [sender.open_weight_group.remote(s.transport, host, port, world, s.timeout_s)]
         refs += [w.join_weight_group.remote(s.transport, host, port, i + 1, world, s.timeout_s) for i, w in enumerate(self.workers)]
         self._wait(refs, "joining the weight-sync group")
-        self._plan = ray.get([source.weight_plan.remote(s.bucket_bytes) for source in sources])[0]
         self._sources = list(sources)
+        self.replan()
         self._pids = [p for p, _ in ray.get([w.status.remote() for w in self.workers])]
         self._healthy = True
+
+    def replan(self) -> None:
+        """Ask the sources for their pushes again: after the learner changed what it pushes (a
+        LoRA adapter from now on)."""
+        with self._sync_lock:
+            self._plans = ray.get([source.weight_plans.remote(self.sync.bucket_bytes) for source in self._sources])[0]
+
+    @property
+    def _plan(self):
+        """What each step pushes."""
+        return self._plans[-1] if self._plans else None
 
     def recover(self) -> None:
         """After a worker died: wait until every worker answers again (Ray restarts them), then
@@ -154,33 +165,41 @@ class RolloutGroup:
                 return  # another thread has recovered already
             self.connect(self._sources)
             if self.version:
-                self._push()  # the current weights, under a new version (versions only increase)
+                # everything a restarted engine lacks, under a new version (versions only increase)
+                self._push(catch_up=True)
 
-    def push(self) -> dict[str, float]:
-        """Send the sender's current weights to every worker as version `self.version + 1`.
+    def push(self, catch_up: bool = False) -> dict[str, float]:
+        """Send the sender's current weights to every worker as version `self.version + 1`;
+        with `catch_up`, first the pushes a new engine needs before them (the base weights under a
+        LoRA adapter that did not start from the model's path), taken on with the same version.
 
         Returns the push's timing. Raises WeightSyncError if any worker did not receive the whole
         update, WeightSyncTimeout if a peer did not answer within the timeout.
         """
         with self._sync_lock:
             try:
-                return self._push()
+                return self._push(catch_up)
             except WeightSyncError:
                 self._healthy = False
                 raise
 
-    def _push(self) -> dict[str, float]:
+    def _push(self, catch_up: bool = False) -> dict[str, float]:
         if not self._sources:
             raise WeightSyncError("connect() the group to a weight source before pushing weights")
         version = self.version + 1
         start = time.perf_counter()
-        gathers = [source.send_weights.remote(self._plan, False) for source in self._sources[1:]]
-        refs = [self._sources[0].send_weights.remote(self._plan)]
-        refs += [w.receive_weights.remote(self._plan, version) for w in self.workers]
-        results = self._wait(refs, f"pushing weights version {version}")
-        ray.get(gathers)
+        sent = 0
+        for plan in self._plans if catch_up else [self._plan]:
+            last = plan is self._plan
+            gathers = [source.send_weights.remote(plan, False) for source in self._sources[1:]]
+            refs = [self._sources[0].send_weights.remote(plan)]
+            # an earlier stage is received and checked; the version moves with the last one
+            refs += [w.receive_weights.remote(plan, version if last else None) for w in self.workers]
+            results = self._wait(refs, f"pushing weights version {version}" + ("" if last else f" ({plan.form} first)"))
+            ray.get(gathers)
+            sent += results[0]["bytes"]
         self.version = version
-        return {"sync_s": time.perf_counter() - start, "sync_bytes": results[0]["bytes"]}
+        return {"sync_s": time.perf_counter() - start, "sync_bytes": sent}
 
     def _wait(self, refs: list, what: str) -> list:
         # Each collective has the group's timeout; this bound only catches a peer that hangs

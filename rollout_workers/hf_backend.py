@@ -11,6 +11,7 @@ from common.weight_sync import (
     Receiver,
     WeightSyncError,
     open_group,
+    probe_sums,
 )
 
 
@@ -68,6 +69,12 @@ class TransformersBackend:
 
     def receive_weights(self, plan: BucketPlan) -> None:
         receiver = Receiver(self.group, plan, "cpu")
+        if plan.adapter is not None:
+            self._load_adapter(plan.adapter, {name: t.clone() for name, t in receiver.tensors()})
+            receiver.finish(self.probe)
+            return
+        if hasattr(self.model, "peft_config"):  # new base weights: the adapter goes until the next adapter push
+            self.model = self.model.unload()
         state = dict(receiver.tensors())
         # Both names of a tied embedding arrive; strict=False accepts lm_head and tie_weights() below
         # makes the two one tensor again.
@@ -78,12 +85,27 @@ class TransformersBackend:
             self.model.tie_weights()
         receiver.finish(self.probe)
 
+    def _load_adapter(self, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """A LoRA adapter (PEFT's names) on the base model: PEFT wraps the model at the first one."""
+        from peft import PeftConfig, get_peft_model, set_peft_model_state_dict
+
+        if not hasattr(self.model, "peft_config"):
+            settings = {k: v for k, v in config.items() if k not in ("peft_version", "auto_mapping")}
+            self.model = get_peft_model(self.model, PeftConfig.from_peft_type(**settings), autocast_adapter_dtype=False).eval()
+        result = set_peft_model_state_dict(self.model, tensors)
+        if result.unexpected_keys:
+            raise WeightSyncError(f"adapter does not fit the model: unexpected {result.unexpected_keys}")
+
+    def load_adapter(self, directory: str) -> None:
+        from peft import PeftModel
+
+        self.model = PeftModel.from_pretrained(self.model, directory).eval()
+
     def reseed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
     def probe(self, names: list[str]) -> dict[str, float]:
-        params = dict(self.model.named_parameters())
-        return {n: float(params[n].detach().double().sum()) for n in names if n in params}
+        return probe_sums(dict(self.model.named_parameters()), names)
 
 
 def _apply_stop(ids, text, finish, stops, tokenizer):

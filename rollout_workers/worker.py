@@ -18,15 +18,17 @@ class StaleWeightsError(RuntimeError):
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, backend: str = "vllm", seed: int = 0, threads: int | None = None,
-                 engine: dict | None = None):
-        """`engine`: the vLLM engine's options (dtype, gpu_memory_utilization, max_model_len)."""
+                 engine: dict | None = None, lora_rank: int | None = None):
+        """`engine`: the vLLM engine's options (dtype, gpu_memory_utilization, max_model_len).
+        `lora_rank`: the learner pushes LoRA adapters of this rank (vLLM reserves room for them; the
+        transformers backend takes any)."""
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
             torch.set_num_threads(threads)
         if backend == "vllm":
             from rollout_workers.vllm_backend import VLLMBackend
 
-            self.backend = VLLMBackend(model_path, seed=seed, **(engine or {}))
+            self.backend = VLLMBackend(model_path, seed=seed, lora_rank=lora_rank, **(engine or {}))
         elif backend == "transformers":
             from rollout_workers.hf_backend import TransformersBackend
 
@@ -53,31 +55,39 @@ class RolloutWorker:
         """Join the learner's broadcast group as `rank` (blocks until every rank has joined)."""
         self.backend.join_weight_group(backend, host, port, rank, world_size, timeout_s)
 
-    def receive_weights(self, plan: BucketPlan, version: int) -> int:
-        """Receive one push from the group, check it arrived whole, then take on `version`.
+    def receive_weights(self, plan: BucketPlan, version: int | None) -> int:
+        """Receive one push from the group, check it arrived whole, then take on `version`
+        (None: the first stage of a catch-up, the base under an adapter; the version moves with
+        the adapter that follows it).
 
         Raises WeightSyncError (nothing is taken on) if a bucket or a probe parameter differs
         from what the learner sent, and WeightSyncTimeout if the learner stops sending.
         """
-        if version <= self.version:
+        if version is not None and version <= self.version:
             raise ValueError(f"weight version must increase: have {self.version}, got {version}")
         self.backend.receive_weights(plan)
-        self.version = version
-        return version
+        if version is not None:
+            self.version = version
+        return self.version
+
+    def load_adapter(self, directory: str) -> None:
+        """Serve the base model with the LoRA adapter saved in `directory` (PEFT's format), as an
+        evaluation of a checkpoint's adapter does; pushes are for training."""
+        self.backend.load_adapter(directory)
 
     def status(self) -> tuple[int, int]:
         """This incarnation's process id (a restarted actor has a new one) and weights version."""
         return os.getpid(), self.version
 
 
-def start_workers(model_path: str, settings, seed: int, run: str | None = None) -> list:
+def start_workers(model_path: str, settings, seed: int, run: str | None = None, lora_rank: int | None = None) -> list:
     """`settings.num_workers` workers placed and configured by `settings` (a RolloutConfig): its GPUs, custom resources and engine options. With `run`, each is named
     `coderloo-rollout-<i>-<run>`. Ray restarts a worker that dies; RolloutGroup.recover brings it
-    back into the weight group."""
+    back into the weight group. `lora_rank`: the weights pushed are LoRA adapters of this rank."""
     return [
         RolloutWorker.options(
             max_restarts=-1, name=f"coderloo-rollout-{i}-{run}" if run else None,
             **placement_options(settings.gpus_per_worker, settings.resources),
-        ).remote(model_path, settings.backend, seed=seed + i, threads=settings.threads, engine=settings.engine_options())
+        ).remote(model_path, settings.backend, seed=seed + i, threads=settings.threads, engine=settings.engine_options(), lora_rank=lora_rank)
         for i in range(settings.num_workers)
     ]

@@ -210,3 +210,42 @@ def test_ppo_preset_with_one_sample_per_prompt_trains_its_value_model_and_resume
     assert rl[2]["value_estimate_mean"] != 0.0  # and after a resume it is the trained one, not a new one
     exported = load_file(out / "checkpoints" / "final" / "model.safetensors")
     assert not any("value" in name for name in exported)
+
+
+def test_lora_preset_pushes_only_the_adapter_resumes_and_its_checkpoint_evaluates_as_the_run_did(ray_cluster, tiny_model, tmp_path, capsys):
+    """configs/lora.yaml (the adapter starts on the SFT'd policy) with a KL term: each RL push carries
+    only the adapter, a resumed run brings the engine its base and then the adapter, the checkpoint
+    holds the adapter in PEFT's format next to its base and the merged model, and `coderloo eval
+    --model base --adapter adapter` gives the run's own final evaluation."""
+    from coderloo.cli import main
+
+    out = tmp_path / "lora"
+    overrides = [f"model.path={tiny_model}", f"train.output_dir={out}", "sft.steps=80",  # some programs pass
+                 "train.prompts_per_step=4", "train.eval_every=0", "train.checkpoint_every=0",
+                 "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16", "learner.kl_coef=0.05",
+                 "tasks.max_eval_tasks=12", "eval.sampled=false"]
+    train(load_config("configs/lora.yaml", [*overrides, "train.steps=2"]))
+    summary = train(load_config("configs/lora.yaml", [*overrides, "train.steps=3"]), resume=True)
+    rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    full_bytes = sum(t.numel() * t.element_size() for t in load_file(tiny_model / "model.safetensors").values())
+    trained = [r for r in rl if r.get("grad_norm") is not None]
+    assert trained, "no step trained: every group was uniform"
+    for r in trained:
+        assert 0 < r["sync_bytes"] < full_bytes / 5, "a push of more than the adapter"
+    assert any(r["kl"] > 0 for r in trained)  # the reference is the SFT'd base: the adapter moved away from it
+    final = out / "checkpoints" / "final"
+    assert (final / "adapter" / "adapter_config.json").is_file() and (final / "adapter" / "adapter_model.safetensors").is_file()
+    names = set(load_file(tiny_model / "model.safetensors"))
+    assert set(load_file(final / "model.safetensors")) <= names and set(load_file(final / "base" / "model.safetensors")) <= names
+    capsys.readouterr()
+    report_path = tmp_path / "adapter-eval.json"
+    args = ["eval", "--config", "configs/lora.yaml", "--model", str(final / "base"), "--adapter", str(final / "adapter"),
+            "--out", str(report_path), *overrides]
+    assert main(args) == 0
+    report = json.loads(report_path.read_text())
+    assert report["adapter"] == str(final / "adapter") and report["tasks"] == 12
+    assert report["greedy_pass@1"] == summary["final"]["greedy_pass@1"]
+    assert summary["final"]["greedy_pass@1"] > 0, "nothing passes: the comparison says little"
+    assert main(["eval", "--model", str(tiny_model), "--adapter", str(tmp_path)]) == 2
+    assert "no adapter_config.json" in capsys.readouterr().err

@@ -28,7 +28,7 @@ class ModelSource(WeightSource):
         torch.manual_seed(0)
 
     @contextlib.contextmanager
-    def weights_for_sync(self):
+    def weights_for_sync(self, form="weights"):
         yield named_weights(self.model)
 
     def perturb(self, scale: float) -> None:

@@ -1,0 +1,256 @@
+"""LoRA: the adapter's two forms (its own tensors, the merged model), adapter-only pushes into vLLM
+and transformers that agree with the merged weights after each update, and the learner training
+only the adapter."""
+import contextlib
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import ray
+import torch
+
+from coderloo.models import TinyModelSpec, build_tiny_model
+from coderloo.tasksets.synthetic import corpus_for_tokenizer, synthetic_suite
+from common.hf import load_causal_lm
+from common.weight_sync import ADAPTER_PROBE, WeightSource, plan_buckets, probe_sums
+from learner import lora
+from learner.actor import named_weights
+from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker
+from rollout_workers.config import WeightSyncConfig
+from rollout_workers.hf_backend import TransformersBackend
+
+PROMPTS = [t.prompt for t in synthetic_suite()["heldout"][::6]]
+GREEDY = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# The actor below calls this module's helpers: Ray's workers cannot import a test module, so they
+# travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def settings(rank=8, modules_to_save=()):
+    return SimpleNamespace(rank=rank, alpha=2.0 * rank, dropout=0.0, target_modules=TARGETS, modules_to_save=list(modules_to_save))
+
+
+def perturb_adapter(model, scale: float) -> None:
+    """Large random adapters: PEFT starts lora_B at zero (no change), and greedy outputs of small
+    changes are the base model's."""
+    with torch.no_grad():
+        for _, p in lora.trainable(model):
+            p.add_(torch.randn_like(p) * scale)
+
+
+@pytest.fixture(scope="module")
+def untied_model(tmp_path_factory):
+    spec = TinyModelSpec(tie_word_embeddings=False, seed=1)
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-untied-lora"), corpus_for_tokenizer(), spec)
+
+
+@pytest.mark.parametrize("which", ["tied", "untied"])
+def test_the_merged_weights_are_the_adapted_model(tiny_model, untied_model, which):
+    path = tiny_model if which == "tied" else untied_model
+    torch.manual_seed(0)
+    # untied: lm_head trained whole as well (a module saved beside the adapter)
+    model = lora.wrap(load_causal_lm(path), settings(modules_to_save=[] if which == "tied" else ["lm_head"]))
+    trained = lora.trainable(model)
+    assert trained and all(".lora_" in n or "modules_to_save" in n for n, _ in trained)
+    assert sum(p.numel() for _, p in trained) < sum(p.numel() for p in model.parameters()) / 2
+    perturb_adapter(model, 0.3)
+    plain = load_causal_lm(path)
+    plain.load_state_dict(lora.merged_weights(model), strict=True)
+    ids = torch.randint(0, 200, (3, 20))
+    with torch.no_grad():
+        adapted, merged = model(input_ids=ids).logits, plain(input_ids=ids).logits
+        base = load_causal_lm(path)(input_ids=ids).logits
+        with lora.reference_disabled(model):
+            reference = model(input_ids=ids).logits
+    assert (adapted - base).abs().max() > 1.0, "the adapter changed nothing"
+    torch.testing.assert_close(merged, adapted, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(reference, base, atol=0, rtol=0)  # the adapter off: the base model exactly
+    under = load_causal_lm(path)
+    under.load_state_dict(lora.base_weights(model), strict=True)  # the weights under the adapter
+    with torch.no_grad():
+        torch.testing.assert_close(under(input_ids=ids).logits, base, atol=0, rtol=0)
+
+    adapter = lora.adapter_weights(model)
+    assert all(n.startswith("base_model.model.") and ".default." not in n for n in adapter)
+    plan = plan_buckets(adapter.items(), 1 << 16, lora.adapter_config(model), form="adapter")
+    assert plan.probes == (ADAPTER_PROBE,) and plan.adapter["r"] == 8
+    total = sum(float(t.double().sum()) for n, t in adapter.items() if ".lora_A." in n)
+    assert probe_sums(adapter, plan.probes) == {ADAPTER_PROBE: pytest.approx(total)}
+    assert probe_sums(dict(model.named_parameters()), plan.probes) == {ADAPTER_PROBE: pytest.approx(total)}
+
+
+@ray.remote
+class AdapterSource(WeightSource):
+    """The sender's side of an adapter push, holding a PEFT model whose adapter the test changes."""
+
+    def __init__(self, path: str, new_base: bool = False):
+        """`new_base`: the adapter is on other weights than the path's (lora.start rl's SFT'd
+        policy): an engine gets them first."""
+        torch.manual_seed(0)
+        model = load_causal_lm(path)
+        if new_base:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.3)
+        self.model = lora.wrap(model, settings())
+        self.forms = ["base", "adapter"] if new_base else ["adapter"]
+
+    def sync_forms(self):
+        return self.forms
+
+    def adapter_config(self):
+        return lora.adapter_config(self.model)
+
+    @contextlib.contextmanager
+    def weights_for_sync(self, form="weights"):
+        yield lora.adapter_weights(self.model) if form == "adapter" else named_weights(self.model, base=form == "base")
+
+    def perturb(self, scale: float) -> dict:
+        perturb_adapter(self.model, scale)
+        return {n: t.clone() for n, t in lora.merged_weights(self.model).items()}
+
+
+@pytest.mark.parametrize("which", ["tied", "untied"])
+def test_vllm_with_the_pushed_adapter_matches_transformers_with_the_merged_weights(ray_cluster, tiny_model, untied_model, which):
+    path = str(tiny_model if which == "tied" else untied_model)
+    source = AdapterSource.remote(path)
+    vllm_worker = RolloutWorker.remote(path, "vllm", threads=1, lora_rank=8)
+    hf_worker = RolloutWorker.remote(path, "transformers", threads=1)
+    merged = TransformersBackend(path)  # transformers with the merged weights, here in the test's process
+    group = RolloutGroup([vllm_worker, hf_worker], WeightSyncConfig(bucket_mb=0.05, timeout_s=60))
+    previous = None
+    try:
+        group.connect([source])
+        plan = group._plan
+        assert plan.adapter is not None and len(plan.buckets) > 1
+        full_bytes = sum(p.numel() * 4 for p in load_causal_lm(path).parameters())
+        assert plan.nbytes < full_bytes / 5, "an adapter push should be a fraction of the model"
+        for version in (1, 2, 3):
+            weights = ray.get(source.perturb.remote(0.4))
+            merged.model.load_state_dict(weights, strict=True)
+            timing = group.push()
+            assert group.version == version and timing["sync_bytes"] == plan.nbytes
+            ids_vllm = [r.samples[0].token_ids for r in RolloutGroup([vllm_worker]).generate(PROMPTS, GREEDY)]
+            ids_hf = [r.samples[0].token_ids for r in RolloutGroup([hf_worker]).generate(PROMPTS, GREEDY)]
+            ids_merged = [r.samples[0].token_ids for _, r in merged.generate_stream(PROMPTS, GREEDY, version)]
+            assert len({tuple(ids) for ids in ids_merged}) >= 4, "outputs too uniform for a meaningful check"
+            assert ids_vllm == ids_merged, f"{which} model, version {version}: vLLM with the adapter"
+            assert ids_hf == ids_merged, f"{which} model, version {version}: transformers with the adapter"
+            assert ids_vllm != previous, "outputs did not change after an update"
+            previous = ids_vllm
+    finally:
+        for actor in (source, vllm_worker, hf_worker):
+            ray.kill(actor)
+
+
+@pytest.mark.parametrize("stage, sync", [(0, "adapter"), (3, "merged")])
+def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_resumes(ray_cluster, tiny_model, tmp_path, stage, sync):
+    from peft import PeftModel
+
+    from learner.config import LearnerConfig, LoraSettings
+    from learner.group import LearnerGroup
+    from test_learner_actor import batch, loss
+
+    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256,
+                           lora=LoraSettings(rank=8, alpha=16, sync=sync))
+    full = LearnerGroup(str(tiny_model), config.model_copy(update={"lora": None}), sft_lr=1e-3)
+    try:
+        examples, sequences = batch(tiny_model)
+        full.sft_step(examples)
+        full_counts = full.parameter_counts()
+    finally:
+        full.kill()
+    learner = LearnerGroup(str(tiny_model), config, sft_lr=1e-3)
+    worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
+    try:
+        stats = learner.sft_step(examples)
+        assert stats["grad_norm"] > 0
+        stats = learner.train_step(sequences, loss(config))
+        # the reference is the base model: after the adapter moved, the KL to it is no longer 0
+        assert stats["kl"] > 0
+        counts = learner.parameter_counts()
+        assert counts["parameters"] == full_counts["parameters"] + counts["trainable"]  # the base and the adapter
+        assert 0 < counts["trainable"] < full_counts["trainable"] / 5
+        # AdamW's two moments (and a step count) for the adapter only
+        assert 0 < counts["optimizer_state_bytes"] < full_counts["optimizer_state_bytes"] / 5
+        group = RolloutGroup([worker])
+        group.connect(learner.weight_sources)
+        names = [s.name for b in group._plan.buckets for s in b]
+        if sync == "adapter":
+            assert group._plan.form == "adapter" and all(".lora_" in n for n in names)
+        else:  # the merged model, under the names of the model's own checkpoint
+            assert group._plan.form == "weights" and set(names) == set(load_causal_lm(tiny_model).state_dict())
+        group.push()
+        learner.save(str(tmp_path / "ckpt"), with_state=True)
+        before = learner.token_stats(sequences, 1.0, kl=True, values=False)[0]
+    finally:
+        learner.kill()
+    # the checkpoint: PEFT's adapter, and the merged model, which equals base + adapter
+    adapted = PeftModel.from_pretrained(load_causal_lm(tiny_model), str(tmp_path / "ckpt" / lora.ADAPTER_DIR))
+    merged = load_causal_lm(tmp_path / "ckpt")
+    ids = torch.tensor([sequences[0].prompt_ids + sequences[0].completion_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(merged(input_ids=ids).logits, load_causal_lm(tiny_model)(input_ids=ids).logits)
+    resumed = LearnerGroup(str(tiny_model), config, sft_lr=1e-3)
+    try:
+        resumed.load_state(str(tmp_path / "ckpt"))
+        after = resumed.token_stats(sequences, 1.0, kl=True, values=False)[0]
+    finally:
+        resumed.kill()
+    flat = lambda rows: [v for row in rows for v in row]  # noqa: E731
+    assert flat(after) == pytest.approx(flat(before), abs=1e-6)
+
+
+def test_a_restarted_engine_gets_the_adapters_base_then_the_adapter(ray_cluster, tiny_model):
+    """An adapter on an SFT'd base (lora.start rl): an engine that restarts from the model's path
+    is brought back with the base and then the adapter, under one new version."""
+    path = str(tiny_model)
+    source = AdapterSource.remote(path, new_base=True)
+    worker = RolloutWorker.options(max_restarts=-1).remote(path, "vllm", threads=1, lora_rank=8)
+    merged = TransformersBackend(path)
+    group = RolloutGroup([worker], WeightSyncConfig(timeout_s=60))
+    try:
+        group.connect([source])
+        assert [p.form for p in group._plans] == ["base", "adapter"]
+        merged.model.load_state_dict(ray.get(source.perturb.remote(0.4)), strict=True)
+        group.push(catch_up=True)  # as a resumed run does
+        expected = [r.samples[0].token_ids for _, r in merged.generate_stream(PROMPTS, GREEDY, 1)]
+        assert len({tuple(ids) for ids in expected}) >= 4
+        assert [r.samples[0].token_ids for r in group.generate(PROMPTS, GREEDY)] == expected
+        assert group.version == 1
+        pid = ray.get(worker.status.remote())[0]
+        ray.kill(worker, no_restart=False)
+        deadline = time.time() + 120
+        while time.time() < deadline:  # until Ray has restarted it (the kill is asynchronous)
+            try:
+                if ray.get(worker.status.remote(), timeout=10)[0] != pid:
+                    break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass
+            time.sleep(0.5)
+        assert ray.get(worker.status.remote()) == (ray.get(worker.status.remote())[0], 0)  # back at the path's weights
+        group.recover()
+        assert group.version == 2 and ray.get(worker.status.remote())[1] == 2
+        assert [r.samples[0].token_ids for r in group.generate(PROMPTS, GREEDY)] == expected
+        timing = group.push()  # each step's push: the adapter alone
+        assert timing["sync_bytes"] == group._plan.nbytes and group._plan.form == "adapter"
+    finally:
+        ray.kill(source)
+        ray.kill(worker)
+
+
+def test_lora_settings_that_cannot_work_name_the_field():
+    from coderloo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="learner.lora.modules_to_save"):
+        load_config(None, ["learner.lora.modules_to_save=[lm_head]"])  # vLLM serves no adapter with them
+    assert load_config(None, ["learner.lora.modules_to_save=[lm_head]", "learner.lora.sync=merged"]).learner.pushed_adapter_rank is None
+    with pytest.raises(ConfigError, match="learner.lora.rank=600"):
+        load_config(None, ["learner.lora.rank=600"])
+    with pytest.raises(ConfigError, match="value_model shared"):
+        load_config("configs/ppo.yaml", ["learner.lora.rank=8", "learner.value_model=shared"])
+    config = load_config("configs/lora.yaml")
+    assert config.learner.lora.start == "rl" and config.learner.pushed_adapter_rank == 16
