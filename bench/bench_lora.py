@@ -40,7 +40,7 @@ MODELS = {
 
 def measure(model: str, lora: LoraSettings | None) -> dict:
     learner = LearnerGroup(model, LearnerConfig(lora=lora, threads=2), sft_lr=1e-4)
-    worker = RolloutWorker.remote(model, "vllm", threads=2, engine={"max_model_len": 1024},
+    worker = RolloutWorker.remote(model, "vllm", threads=2, engine={"max_model_len": 512},
                                   lora_rank=lora.rank if lora else None)
     group = RolloutGroup([worker], WeightSyncConfig(bucket_mb=32, timeout_s=600))
     try:

@@ -200,7 +200,7 @@ def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_re
         after = resumed.token_stats(sequences, 1.0, kl=True, values=False)[0]
     finally:
         resumed.kill()
-    flat = lambda rows: [v for row in rows for v in row]  # noqa: E731
+    flat = lambda rows: [v for row in rows for v in row]
     assert flat(after) == pytest.approx(flat(before), abs=1e-6)
 
 
