@@ -12,11 +12,11 @@ verified load.
 """
 from __future__ import annotations
 
-import statistics
 import tempfile
 
 import ray
 
+from bench.bench_weight_sync import REPEATS, median_push
 from bench.plots import comparison
 from coderloo.controller import sft_examples
 from coderloo.models import TinyModelSpec, build_tiny_model
@@ -28,7 +28,6 @@ from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker
 from rollout_workers.config import WeightSyncConfig
 
-REPEATS = 3
 LORA = LoraSettings(rank=16, alpha=32)
 MODELS = {
     "tiny (default)": TinyModelSpec(),
@@ -47,12 +46,11 @@ def measure(model: str, lora: LoraSettings | None) -> dict:
         learner.sft_step(sft_examples(synthetic_suite()["train"][:4], load_tokenizer(model)))
         counts = learner.parameter_counts()
         group.connect(learner.weight_sources)
-        group.push()  # warm-up
-        runs = [group.push() for _ in range(REPEATS)]
+        push_bytes, push_s = median_push(group)
     finally:
         learner.kill()
         ray.kill(worker)
-    return {**counts, "push_bytes": runs[0]["sync_bytes"], "push_s": statistics.median(r["sync_s"] for r in runs)}
+    return {**counts, "push_bytes": push_bytes, "push_s": push_s}
 
 
 def main() -> list[dict]:

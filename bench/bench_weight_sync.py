@@ -53,11 +53,16 @@ def push_s(model: str) -> tuple[int, float]:
     group = RolloutGroup([worker], WeightSyncConfig(bucket_mb=32, timeout_s=300))
     try:
         group.connect(learner.weight_sources)
-        group.push()  # warm-up
-        runs = [group.push() for _ in range(REPEATS)]
+        return median_push(group)
     finally:
         learner.kill()
         ray.kill(worker)
+
+
+def median_push(group: RolloutGroup) -> tuple[int, float]:
+    """Bytes and median seconds of REPEATS pushes of a connected group, after a warm-up."""
+    group.push()
+    runs = [group.push() for _ in range(REPEATS)]
     return runs[0]["sync_bytes"], statistics.median(r["sync_s"] for r in runs)
 
 

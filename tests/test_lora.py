@@ -145,15 +145,15 @@ def test_vllm_with_the_pushed_adapter_matches_transformers_with_the_merged_weigh
             ray.kill(actor)
 
 
-@pytest.mark.parametrize("stage, sync", [(0, "adapter"), (3, "merged")])
-def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_resumes(ray_cluster, tiny_model, tmp_path, stage, sync):
+@pytest.mark.parametrize("stage, sync, dtype", [(0, "adapter", "float32"), (3, "merged", "float32"), (2, "adapter", "bfloat16")])
+def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_resumes(ray_cluster, tiny_model, tmp_path, stage, sync, dtype):
     from peft import PeftModel
 
     from learner.config import LearnerConfig, LoraSettings
     from learner.group import LearnerGroup
     from test_learner_actor import batch, loss
 
-    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256,
+    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256, dtype=dtype,
                            lora=LoraSettings(rank=8, alpha=16, sync=sync))
     full = LearnerGroup(str(tiny_model), config.model_copy(update={"lora": None}), sft_lr=1e-3)
     try:
@@ -192,7 +192,8 @@ def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_re
     merged = load_causal_lm(tmp_path / "ckpt")
     ids = torch.tensor([sequences[0].prompt_ids + sequences[0].completion_ids])
     with torch.no_grad():
-        torch.testing.assert_close(merged(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+        tolerance = 1e-4 if dtype == "float32" else 5e-2  # bf16: the export is rounded to it
+        torch.testing.assert_close(merged(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=tolerance, rtol=tolerance)
         assert not torch.allclose(merged(input_ids=ids).logits, load_causal_lm(tiny_model)(input_ids=ids).logits)
     resumed = LearnerGroup(str(tiny_model), config, sft_lr=1e-3)
     try:
