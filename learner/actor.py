@@ -147,33 +147,29 @@ class Learner(WeightSource):
         warm-up, every weight of which trained). A collective under ZeRO-3."""
         if self.config.lora is None or lora.is_peft(self.engine.module):
             return
+        model = self._policy_copy()
+        self.engine = self.optimizer = None  # the full model's optimizer state goes
+        self.engine, self.optimizer = self._engine(lora.wrap(model, self.config.lora), self.config.lr)
+
+    def _policy_copy(self):
+        """A new Hugging Face model holding the policy's weights as they are now (a LoRA
+        policy's merged; without a shared value head). A collective under ZeRO-3."""
         from common.hf import load_causal_lm
 
         with self._whole_parameters():
-            weights = {name: t.detach().clone() for name, t in self.engine.module.state_dict().items()}
+            module = self.engine.module
+            state = lora.merged_weights(module) if lora.is_peft(module) else module.state_dict()
+            weights = {name: t.detach().clone() for name, t in policy_state(state).items()}
         model = load_causal_lm(self.model_path)
         model.load_state_dict(weights)
-        self.engine = self.optimizer = None  # the full model's optimizer state goes
-        self.engine, self.optimizer = self._engine(lora.wrap(model, self.config.lora), self.config.lr)
+        return model
 
     def _value_model(self):
         """The separate value model's engine, built at first use (the first RL step, or a resume)
         from the policy as it is then: after the SFT warm-up, as OpenRLHF and verl start their
         critic from the SFT model. A collective under ZeRO-3 (every rank builds it at once)."""
         if self.value_engine is None:
-            from common.hf import load_causal_lm
-
-            with self._whole_parameters():
-                module = self.engine.module
-                if lora.is_peft(module):  # the policy's weights with its adapter merged
-                    weights = {name: t.clone() for name, t in lora.merged_weights(module).items()}
-                else:
-                    weights = {name: p.detach().clone() for name, p in module.named_parameters()}
-            model = load_causal_lm(self.model_path)
-            missing, unexpected = model.load_state_dict(weights, strict=False)
-            if unexpected or set(missing) - {"lm_head.weight"}:  # a tied lm_head is not a parameter of its own
-                raise RuntimeError(f"value model from the policy: missing {missing}, unexpected {unexpected}")
-            self.value_engine, _ = self._engine(ValueModel(model), self.config.value_lr or self.config.lr)
+            self.value_engine, _ = self._engine(ValueModel(self._policy_copy()), self.config.value_lr or self.config.lr)
         return self.value_engine
 
     def _values(self, batch: PackedBatch) -> torch.Tensor:
