@@ -1,25 +1,32 @@
 """The one task format every task set is converted to, and its JSONL file form."""
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sandbox_pool.results import ExecutionRequest, Limits
+from sandbox_pool.results import ExecutionRequest, Limits, OutputMatch, Test, test_kind
 
 
 class Task(BaseModel):
-    """A Python programming task with executable unit tests."""
+    """A programming task with executable tests of one kind: Python statements (usually asserts,
+    MBPP/HumanEval style), stdin/stdout cases (competitive programming), or call-based cases (a
+    function or LeetCode `class Solution` method, arguments and the expected value)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, description="Unique id, e.g. 'mbpp/11' or 'synthetic/add_const/3'.")
     prompt: str = Field(min_length=1, description="Text given to the model.")
-    tests: list[str] = Field(min_length=1, description="Test snippets; each runs separately after the program.")
-    entry_point: str = Field(min_length=1, description="Name of the function under test.")
+    tests: list[Test] = Field(
+        min_length=1, description="One kind per task: Python snippets, each run separately after the program; "
+        "{stdin, stdout} cases; or {args, accepted} call cases of the entry point.")
+    entry_point: str | None = Field(
+        None, min_length=1, description="Name of the function under test (for call cases: the function, or the "
+        "method of `class Solution`); None for stdin/stdout tasks.")
     reference: str = Field(description="A reference solution: the full program (prompt included when prompt_is_code).")
     difficulty: int = Field(ge=1, le=5, description="1 (easiest) to 5.")
     source: str = Field(min_length=1, description="Where the task comes from: synthetic, mbpp, humaneval, ...")
@@ -31,6 +38,33 @@ class Task(BaseModel):
     split: Literal["train", "heldout", "test", "validation", "fewshot"] = Field(
         default="test", description="Which split of its source the task belongs to."
     )
+    language: Literal["python", "cpp", "javascript"] = Field("python", description="The language of the program.")
+    match: OutputMatch = Field(default_factory=OutputMatch, description="How outputs and call results are compared.")
+    public_tests: int = Field(
+        0, ge=0, description="The first this many tests are the problem statement's public examples (the rest are "
+        "hidden: private and generated cases).")
+    time_limit_s: float | None = Field(None, gt=0, description="The problem's time limit per case, if it has one.")
+    memory_mb: int | None = Field(None, gt=0, description="The problem's memory limit, if it has one.")
+    level: str | None = Field(
+        None, min_length=1, description="The source's own difficulty name (APPS 'interview', LiveCodeBench 'hard', "
+        "CodeContests 'A'), which evaluation reports pass@k by.")
+    date: datetime.date | None = Field(None, description="When the problem was published (LiveCodeBench's "
+                                       "contest_date), for evaluation windows after a model's cut-off.")
+
+    @model_validator(mode="after")
+    def _tests_fit(self) -> "Task":
+        kind = test_kind(self.tests)
+        if kind == "call" and not self.entry_point:
+            raise ValueError("call cases need an entry_point")
+        if kind == "assert" and self.language != "python":
+            raise ValueError(f"a {self.language} task needs stdin/stdout or call cases")
+        if self.public_tests > len(self.tests):
+            raise ValueError(f"public_tests is {self.public_tests} but the task has {len(self.tests)} tests")
+        return self
+
+    @property
+    def test_kind(self) -> Literal["assert", "stdio", "call"]:
+        return test_kind(self.tests)
 
     @property
     def family(self) -> str:
@@ -43,8 +77,15 @@ class Task(BaseModel):
 
     def execution_request(self, program: str, limits: Limits) -> ExecutionRequest:
         """The sandbox request that runs `program` against this task's tests."""
+        overrides = {}
+        if self.time_limit_s is not None:
+            overrides["case_timeout_s"] = self.time_limit_s
+        if self.memory_mb is not None:
+            overrides["memory_mb"] = max(limits.memory_mb, self.memory_mb)
         return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
-                                entry_point=self.entry_point, limits=limits)
+                                entry_point=self.entry_point if self.language != "cpp" else None,
+                                language=self.language, match=self.match,
+                                limits=limits.model_copy(update=overrides) if overrides else limits)
 
 
 Record = dict[str, Any]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,45 +40,102 @@ class Limits(BaseModel):
     output_tail_kb: int = Field(
         4, gt=0, le=1024, description="how much of the end of stdout and of stderr a result carries, in KiB"
     )
+    case_timeout_s: float | None = Field(
+        None, gt=0, description="wall-clock time of one stdin/stdout or call case (a contest's time limit); "
+        "None: only the run's wall_timeout_s, which bounds all cases together"
+    )
 
 
 class IOTest(BaseModel):
-    """A test of a program that reads stdin and writes stdout (C++): the output is compared,
-    outside the sandbox, token by token (whitespace-insensitive) with `stdout`."""
+    """A case of a program that reads stdin and writes stdout: the output is compared outside the
+    sandbox with `stdout` by the request's `OutputMatch`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     __test__ = False
 
     stdin: str = ""
     stdout: str
 
 
+class CallTest(BaseModel):
+    """A call-based case: the entry point (a top-level function, or a method of LeetCode's
+    `class Solution` when the program defines no such function) called with `args`; it passes when
+    the result equals one of `accepted` (JSON values; a tuple equals the list of its items; floats
+    within the request's float tolerance). The call and the comparison happen in the tester."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    __test__ = False
+
+    args: list[Any] = Field(default_factory=list, description="positional arguments, JSON values")
+    accepted: list[Any] = Field(
+        min_length=1, description="the results that pass (APPS accepts its expected list or that list's first item)"
+    )
+
+
+class OutputMatch(BaseModel):
+    """How a case's output is compared with the expected one (outside the program's process)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["tokens", "lines", "exact"] = Field(
+        "tokens", description="tokens: whitespace-separated tokens equal (APPS, LiveCodeBench, CodeContests); "
+        "lines: each line equal after removing trailing whitespace, trailing blank lines ignored; exact: byte for byte"
+    )
+    float_tolerance: float | None = Field(
+        1e-6, ge=0, description="tokens mode and call results: two numbers match when |a - b| <= tolerance * "
+        "max(1, |b|); None: numbers are compared as text"
+    )
+
+
+Test = str | IOTest | CallTest
+
+
 class ExecutionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     program: str
-    tests: list[str | IOTest] = Field(
-        description="python: statements run one by one after the program, usually asserts; "
-        "cpp: {stdin, stdout} cases for the compiled program"
+    tests: list[Test] = Field(
+        description="one kind per request: Python statements run one by one after the program (usually asserts; "
+        "python only); {stdin, stdout} cases; {args, accepted} call cases of the entry point"
     )
     test_setup: str = Field("", description="python: run after the program and before the tests, e.g. imports")
     entry_point: str | None = Field(
         None, description="python: the name under test, the one program name that may shadow a builtin in the "
         "tests (MBPP 126 tests its own `sum`); any other builtin the tests use stays the tester's"
     )
-    language: Literal["python", "cpp"] = "python"
+    language: Literal["python", "cpp", "javascript"] = "python"
+    match: OutputMatch = Field(default_factory=OutputMatch, description="how outputs and call results are compared")
     limits: Limits = Field(default_factory=Limits)
+
+    @property
+    def test_kind(self) -> Literal["assert", "stdio", "call"]:
+        return test_kind(self.tests)
 
     @model_validator(mode="after")
     def _tests_fit_the_language(self) -> "ExecutionRequest":
-        kind = str if self.language == "python" else IOTest
-        wrong = [i for i, t in enumerate(self.tests) if not isinstance(t, kind)]
-        if wrong:
-            expected = "strings of Python code" if kind is str else "{stdin, stdout} objects"
-            raise ValueError(f"tests{wrong[:5]} of a {self.language} request must be {expected}")
-        if self.language == "cpp" and (self.test_setup or self.entry_point):
-            raise ValueError("test_setup and entry_point are for python requests only")
+        kind = test_kind(self.tests)
+        if kind == "assert" and self.language != "python":
+            raise ValueError(f"tests of a {self.language} request must be {{stdin, stdout}} or {{args, accepted}} "
+                             "cases (statements are Python)")
+        if kind == "call" and not self.entry_point:
+            raise ValueError("call cases need the entry_point to call")
+        if kind == "call" and self.language == "cpp":
+            raise ValueError("cpp requests take {stdin, stdout} cases only")
+        if kind != "assert" and self.test_setup:
+            raise ValueError("test_setup goes with statement tests only")
+        if self.language == "cpp" and self.entry_point:
+            raise ValueError("entry_point is for python and javascript requests only")
         return self
+
+
+def test_kind(tests: list) -> Literal["assert", "stdio", "call"]:
+    """The one kind of a list of tests; a ValueError names the first test of another kind."""
+    kinds = [("assert" if isinstance(t, str) else "stdio" if isinstance(t, IOTest) else "call") for t in tests]
+    first = kinds[0] if kinds else "assert"
+    other = next((i for i, k in enumerate(kinds) if k != first), None)
+    if other is not None:
+        raise ValueError(f"tests[{other}] is a {kinds[other]} test in a list of {first} tests: one kind per task")
+    return first
 
 
 class ExecutionResult(BaseModel):
