@@ -3,8 +3,8 @@
     python -m sandbox_pool.image build     # what `make sandbox-image` runs; does nothing when built
 
 The tag is `coderloo-sandbox:<hash of docker/Dockerfile and IMAGE_FILES, the files it copies>`,
-so the image is rebuilt exactly when one of them changes. The base (Python 3 and g++ on Debian
-bookworm) comes from docker/Dockerfile.base when a registry is reachable; without one, from
+so the image is rebuilt exactly when one of them changes. The base (Python 3, g++ and Node.js on
+Debian bookworm) comes from docker/Dockerfile.base when a registry is reachable; without one, from
 debootstrap with the Debian mirror of this machine's apt sources, imported with `docker import`.
 """
 from __future__ import annotations
@@ -22,14 +22,17 @@ from common.progress import working
 PACKAGE = Path(__file__).resolve().parent
 DOCKER_DIR = PACKAGE.parent / "docker"
 # The build context besides docker/Dockerfile (which copies all of it): the executor and what it imports.
-IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "runner.py", "protocol.py", "confine.py")]
-BASE_IMAGE = "coderloo-sandbox-base:bookworm"
+IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "runner.py", "protocol.py", "confine.py", "matching.py")]
 REPOSITORY = "coderloo-sandbox"
-DEBOOTSTRAP_PACKAGES = "python3,g++"
+DEBOOTSTRAP_PACKAGES = "python3,g++,nodejs"
+# The base's tag names what is in it, so that a machine holding an older base (without nodejs)
+# builds the new one instead of reusing it.
+BASE_IMAGE = "coderloo-sandbox-base:bookworm-" + hashlib.sha256(
+    (DOCKER_DIR / "Dockerfile.base").read_bytes() + DEBOOTSTRAP_PACKAGES.encode()).hexdigest()[:8]
 
 
 def image_tag() -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(BASE_IMAGE.encode())
     for path in [DOCKER_DIR / "Dockerfile", *IMAGE_FILES]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return f"{REPOSITORY}:{digest.hexdigest()[:12]}"

@@ -194,9 +194,10 @@ async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
 
 def request_frames(request: ExecutionRequest) -> bytes:
     """The two frames a supervisor reads: what the program may know, then the tests (see supervisor.py)."""
-    head = {"language": request.language, "program": request.program, "limits": request.limits.model_dump()}
+    head = {"language": request.language, "kind": request.test_kind, "program": request.program,
+            "limits": request.limits.model_dump()}
     tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup,
-            "entry_point": request.entry_point}
+            "entry_point": request.entry_point, "match": request.match.model_dump()}
     return frame(head) + frame(tail)
 
 

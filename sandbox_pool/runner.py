@@ -32,13 +32,23 @@ setup would show the program its source and values (EvalPlus's expected outputs 
 whatever it computed for the tests would be the program's to change.
 """
 import builtins
+import io
+import json
 import os
+import resource
+import select
+import socket
 import sys
+import traceback
 
+from matching import values_match
 from protocol import read_frame, send_frame
 
 ERROR_CHARS = 500  # the most characters of an error text in a record: a test's error, a load or setup detail
 MAX_DEPTH = 100  # nesting of a plain value
+# The exit code of a stdin/stdout case whose program raised MemoryError. A program that exits
+# with it on its own only makes its case read as out of memory: worse for it, never better.
+MEMORY_EXIT = 120
 
 
 # ---- plain values ----
@@ -181,6 +191,85 @@ def serve_program(program: str, channel: int) -> None:
     os._exit(0)
 
 
+# ---- stdin/stdout cases: the program's side ----
+
+def serve_cases(program: str, control: int) -> None:
+    """Compile the program once, then run it once per case, each time in a fork of this process
+    (no interpreter start per case, and no case sees another's state). The supervisor sends a
+    case as one message on `control` (a SOCK_SEQPACKET socket) carrying three descriptors: the
+    case's stdin, stdout and stderr pipes. This process forks the run, sends back a pidfd of it
+    (the supervisor ends a case that overstays its time limit with it), waits for it and reports
+    how it ended. It never sees an expected output: the supervisor compares outside. Ends the
+    process when the supervisor closes its end."""
+    sock = socket.socket(fileno=control)
+    try:
+        code = compile(program, "<program>", "exec")
+        load = {"status": "ok", "detail": ""}
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
+        code, load = None, {"status": "syntax_error", "detail": describe(e)}
+    sock.send(json.dumps(load).encode())
+    while code is not None:
+        message, fds, _, _ = socket.recv_fds(sock, 64, 3)
+        if not message or len(fds) != 3:
+            break
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            run_case(code, fds)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        socket.send_fds(sock, [b"started"], [pidfd])
+        os.close(pidfd)
+        _, status, usage = os.wait4(pid, 0)
+        sock.send(json.dumps({
+            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+        }).encode())
+    os._exit(0)
+
+
+def run_case(code, fds: list) -> None:
+    """One case's run, in a fresh fork: its pipes as stdin, stdout and stderr and no other
+    descriptor, the program as __main__, and its exit status as a judge reads it (0 after the
+    program ran to its end or called exit(0))."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=True)
+    code_out = 0
+    try:
+        exec(code, {"__name__": "__main__", "__builtins__": builtins})
+    except SystemExit as e:
+        code_out = _exit_code(e.code)
+    except MemoryError:
+        code_out = MEMORY_EXIT
+    except BaseException:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+        code_out = 1
+    flush_output()
+    os._exit(code_out)
+
+
+def _exit_code(value) -> int:
+    if value is None:
+        return 0
+    if type(value) is int:
+        return value & 0xFF
+    try:
+        print(value, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
 def flush_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -231,10 +320,15 @@ class Remote:
         return "<object of the program>"
 
 
+class CallTimedOut(ProgramGone):
+    """A call case's call did not answer within the case time limit."""
+
+
 class Link:
     def __init__(self, channel: int):
         self.channel = channel
         self.gone = False
+        self.timeout = None  # seconds a call case's call may take; None: until the run's deadline
 
     def out(self, value):
         def handle(obj):
@@ -251,6 +345,9 @@ class Link:
             raise ProgramGone("the program is no longer running")
         try:
             send_frame(self.channel, message)
+            if self.timeout is not None and not select.select([self.channel], [], [], self.timeout)[0]:
+                self.gone = True
+                raise CallTimedOut(f"no answer within {self.timeout:g} s")
             reply = read_frame(self.channel)
         except (OSError, EOFError, ValueError) as e:
             self.gone = True
@@ -286,8 +383,12 @@ def names_used(code) -> set:
 def run_tests(request: dict, channel: int) -> dict:
     """The tester: run the tests against the program over `channel`; the verdict record."""
     link = Link(channel)
+    calls = request["kind"] == "call"
     compiled, wanted = [], set()
-    for i, source in enumerate([request["test_setup"]] + request["tests"]):
+    sources = [request["test_setup"]] + ([] if calls else request["tests"])
+    if calls:
+        wanted = {request["entry_point"], "Solution"}
+    for i, source in enumerate(sources):
         try:
             code = compile(source, "<test setup>" if i == 0 else f"<test {i - 1}>", "exec")
             wanted |= names_used(code)
@@ -318,6 +419,11 @@ def run_tests(request: dict, channel: int) -> dict:
                 namespace[name] = link.back(data)
         except Exception:
             pass  # a name the tests cannot use; they fail on it if they need it
+    if calls:
+        outcomes = run_calls(request, namespace, link)
+        # A call that overstayed its limit leaves the link unusable, by the tester's choice: not lost.
+        lost = link.gone and not any(o.get("timeout") for o in outcomes)
+        return {"load": {"status": "ok", "detail": ""}, "tests": outcomes, "lost": lost}
     setup, tests = compiled[0], compiled[1:]
     error = execute(setup, namespace)
     if error is not None:
@@ -330,6 +436,51 @@ def run_tests(request: dict, channel: int) -> dict:
         outcomes.append({"passed": error is None, "error": None if error is None else describe(error),
                          "memory": isinstance(error, MemoryError)})
     return {"load": {"status": "ok", "detail": ""}, "tests": outcomes, "lost": link.gone}
+
+
+def run_calls(request: dict, namespace: dict, link: "Link") -> list:
+    """Call cases: the entry point (a top-level function of the program, else a method of a fresh
+    `Solution()` per case, as LeetCode's judge does), each case's arguments in, a plain value out,
+    compared here with the accepted values. A case whose call does not answer within the case
+    time limit ends the cases: the program is still in that call, so the rest are not run."""
+    name, match = request["entry_point"], request["match"]
+    timeout = request["case_timeout_s"]
+    outcomes = []
+    for case in request["tests"]:
+        if link.gone:
+            outcomes.append({"passed": False, "error": "not run: the program stopped answering", "memory": False})
+            continue
+        link.timeout = timeout
+        try:
+            if name in namespace:
+                target = namespace[name]
+            elif "Solution" in namespace:
+                target = getattr(namespace["Solution"](), name)
+            else:
+                raise NameError(f"the program defines neither {name} nor class Solution")
+            got = target(*case["args"])
+            passed = any(values_match(got, want, match["float_tolerance"]) for want in case["accepted"])
+            error = None if passed else f"wrong result: {_shown(got)}"
+            memory = False
+        except CallTimedOut:
+            outcomes.append({"passed": False, "error": f"exceeded the case time limit of {timeout:g} s",
+                             "memory": False, "timeout": True})
+            left = len(request["tests"]) - len(outcomes)
+            outcomes += [{"passed": False, "error": "not run: an earlier case exceeded its time limit",
+                          "memory": False}] * left
+            break
+        except BaseException as e:
+            passed, error, memory = False, describe(e), isinstance(e, MemoryError)
+        outcomes.append({"passed": passed, "error": error, "memory": memory})
+    return outcomes
+
+
+def _shown(value) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = "<a value>"
+    return text[:200]
 
 
 def execute(code, namespace: dict):

@@ -34,6 +34,7 @@ empties /tmp and /dev/shm; the container's memory cgroup is the evidence of an o
 """
 import ctypes
 import fcntl
+import json
 import os
 import resource
 import select
@@ -44,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 import confine
+import matching
 import runner
 from confine import CLONE as SYS_CLONE, CLONE_NEWNS, CLONE_NEWPID
 from protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, read_frame, send_frame, split_frame
@@ -54,6 +56,7 @@ STOP_GRACE_S = 2.0  # after the sandbox ended, for its output pipes to reach EOF
 CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
 COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+DEFAULT_MATCH = {"mode": "tokens", "float_tolerance": 1e-6}  # results.OutputMatch's defaults
 # RLIMIT_NPROC counts every process of a uid, so concurrent runs share it: one run's fork bomb
 # would make the others' forks fail. Where something else bounds each run (a pids cgroup per
 # run, a container per run), the rlimit is only this backstop for all runs together.
@@ -100,7 +103,12 @@ def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = N
     try:
         run = Run(head, iso, in_fd, hangup_fd)
         try:
-            report = run.python() if head["language"] == "python" else run.cpp()
+            if head["language"] == "cpp":
+                report = run.cpp()
+            elif head.get("kind") == "stdio":
+                report = run.stdio()
+            else:
+                report = run.python()
         finally:
             run.clean_up()
         failure = run.setup_failure()
@@ -168,7 +176,9 @@ class Run:
         self.close_output_ends()
         tail = read_frame(self.in_fd)  # the tests: only now, with the program's process forked
         try:
-            send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"], "entry_point": tail["entry_point"]})
+            send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"], "entry_point": tail["entry_point"],
+                                 "kind": self.head.get("kind", "assert"), "match": tail.get("match") or DEFAULT_MATCH,
+                                 "case_timeout_s": self.limits.get("case_timeout_s")})
         except OSError:
             pass  # the tester is gone; its missing record says so
         os.close(tests_w)
@@ -197,6 +207,7 @@ class Run:
                              new_pid_namespace=self.iso.pid_namespace)
         self.close_output_ends()
         tail = read_frame(self.in_fd)
+        match = tail.get("match") or DEFAULT_MATCH
         watched = self.watch({compiler: "program"}, until="program")
         if watched is None:
             return None
@@ -215,11 +226,20 @@ class Run:
                                new_pid_namespace=self.iso.pid_namespace)
             os.close(stdin_r)
             self.close_output_ends()
+            run_deadline = self.deadline
+            if self.limits.get("case_timeout_s"):  # the case's own limit, within the run's
+                self.deadline = min(run_deadline, time.monotonic() + self.limits["case_timeout_s"])
             self.feed(stdin_w, test["stdin"].encode())
             watched = self.watch({binary: "program"}, until="program")
+            case_deadline, self.deadline = self.deadline, run_deadline
             if watched is None:
                 return None
             ran = watched["processes"]["program"]
+            if watched["timed_out"] and case_deadline < run_deadline:
+                outcomes.append({"passed": False, "error": f"exceeded the case time limit of "
+                                 f"{self.limits['case_timeout_s']:g} s", "memory": False, "timeout": True})
+                watched["timed_out"] = False
+                continue
             if watched["timed_out"]:
                 break
             got = self.output[self.stdout].decode("utf-8", "replace")
@@ -229,12 +249,59 @@ class Run:
             elif self.output_exceeded or self.output_bytes > CPP_STDOUT_MAX_BYTES:
                 outcomes.append({"passed": False, "error": "output too long to compare", "memory": False})
             else:
-                passed = got.split() == test["stdout"].split()  # compared here, outside the sandbox
+                passed = matching.outputs_match(got, test["stdout"], match["mode"], match["float_tolerance"])  # here, outside
                 outcomes.append({"passed": passed, "error": None if passed else f"wrong output: {got[:200]!r}",
                                  "memory": False})
         report = self.report(watched)
         report["cpp_tests"] = outcomes
         return report
+
+    def stdio(self):
+        """Python stdin/stdout cases (runner.serve_cases): a case server, forked and compiling the
+        program before the cases are read (so none is in the memory it inherited), forks one run
+        per case; this process feeds each its stdin, reads its stdout and stderr, ends it at the
+        case's time limit and compares its output with the expected one, here."""
+        control, control_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.enter_run_namespaces()
+        program = self.head["program"]
+        server = self.fork(lambda: self.become_sandbox(control_theirs.fileno(), lambda: runner.serve_cases(program, 3)),
+                           new_pid_namespace=self.iso.pid_namespace)
+        control_theirs.close()
+        self.close_output_ends()
+        tail = read_frame(self.in_fd)  # the cases: only now, with the program's process forked
+        match = tail.get("match") or DEFAULT_MATCH
+        self.keep_bytes = CPP_STDOUT_MAX_BYTES  # each case's whole output, to compare
+        cases = Cases(self, control, server)
+        try:
+            load = cases.receive()
+            if load is HUNG_UP:
+                return None
+            outcomes = []
+            if isinstance(load, dict) and load.get("status") == "ok":
+                for test in tail["tests"]:
+                    if time.monotonic() >= self.deadline or cases.gone:
+                        break
+                    outcome = cases.run(test, match)
+                    if outcome is HUNG_UP:
+                        return None
+                    outcomes.append(outcome)
+            elif not (isinstance(load, dict) and load.get("status") == "syntax_error"):
+                load = {"status": "lost", "detail": "the program's process ended before it compiled the program"}
+        finally:
+            ended = cases.close()
+        failing = next((o for o in outcomes if not o["passed"]), outcomes[-1] if outcomes else None)
+        return {
+            "program": ended, "tester": None, "timed_out": time.monotonic() >= self.deadline and len(outcomes) < len(tail["tests"]),
+            "output_exceeded": False, "oom_killed": self.oom_killed(), "outlived": False,
+            "stdout": (failing or {}).pop("stdout", ""), "stderr": (failing or {}).pop("stderr", ""),
+            "load": {"status": str(load["status"]), "detail": str(load.get("detail", ""))[:runner.ERROR_CHARS]},
+            "cases": [{k: v for k, v in o.items() if k not in ("stdout", "stderr")} for o in outcomes],
+        }
+
+    def oom_count(self) -> int:
+        """Out-of-memory kills counted so far in the run's memory cgroups (or the container's)."""
+        paths = list(self.cgroups) + ([self.iso.memory_cgroup] if self.iso.memory_cgroup else [])
+        return sum(count for count in map(oom_kills, paths) if count is not None)
 
     # ---- processes ----
 
@@ -555,6 +622,222 @@ class Run:
             "stdout": self.output[self.stdout][-self.tail_bytes:].decode("utf-8", "replace"),
             "stderr": self.output[self.stderr][-self.tail_bytes:].decode("utf-8", "replace"),
         }
+
+
+HUNG_UP = object()  # the client hung up: the run is abandoned and answers nothing
+CASE_SERVER_GRACE_S = 1.0  # for the case server to say how a case it was told to end ended
+
+
+class Cases:
+    """The supervisor's side of a case server (runner.serve_cases): one case at a time."""
+
+    def __init__(self, run: Run, control: socket.socket, server: int):
+        self.run_, self.control, self.server = run, control, server
+        self.server_fd = os.pidfd_open(server)
+        control.setblocking(False)
+        self.gone = False  # the case server ended or broke its protocol: no more cases
+
+    def receive(self, deadline: float | None = None):
+        """The case server's next message: a dict (JSON) or ("started", pidfd); None when it ended,
+        broke the protocol or the deadline passed; HUNG_UP when the client did."""
+        run = self.run_
+        deadline = run.deadline if deadline is None else deadline
+        poller = select.poll()
+        poller.register(self.control, select.POLLIN)
+        poller.register(self.server_fd, select.POLLIN)
+        if run.hangup_fd is not None:
+            poller.register(run.hangup_fd, 0)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready = dict(poller.poll(left * 1000))
+            if run.hangup_fd in ready:
+                return HUNG_UP
+            if self.control.fileno() in ready:
+                try:
+                    message, fds, _, _ = socket.recv_fds(self.control, 4096, 1)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    message, fds = b"", []
+                if message == b"started" and len(fds) == 1:
+                    return ("started", fds[0])
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    value = json.loads(message) if message else None
+                except ValueError:
+                    value = None
+                if not isinstance(value, dict):
+                    self.gone = True
+                return value if isinstance(value, dict) else None
+            if self.server_fd in ready:
+                self.gone = True
+                return None
+
+    def run(self, test: dict, match: dict):
+        """Run one case; its outcome record, or HUNG_UP."""
+        run = self.run_
+        run.reset_output()
+        stdin_r, stdin_w = os.pipe()
+        started_at = time.monotonic()
+        limit = run.limits.get("case_timeout_s")
+        deadline = min(run.deadline, started_at + limit) if limit else run.deadline
+        oom_before = run.oom_count()
+        try:
+            socket.send_fds(self.control, [b"case"], [stdin_r, run.stdout_w, run.stderr_w])
+        except OSError:
+            self.gone = True
+        finally:
+            os.close(stdin_r)
+            run.close_output_ends()
+        started = None if self.gone else self.receive(deadline)
+        if started is HUNG_UP:
+            os.close(stdin_w)
+            return HUNG_UP
+        if not (isinstance(started, tuple)):
+            os.close(stdin_w)
+            self.gone = True
+            return {"passed": False, "end": "lost", "error": "not run: the program's process stopped answering",
+                    "stdout": "", "stderr": ""}
+        case_fd = started[1]
+        data = test["stdin"].encode()
+        timed_out = killed = False
+        ended = None
+        pipes = set(run.output) | {stdin_w}
+        poller = select.poll()
+        for fd in run.output:
+            poller.register(fd, select.POLLIN)
+        os.set_blocking(stdin_w, False)
+        if data:
+            poller.register(stdin_w, select.POLLOUT)
+        else:
+            os.close(stdin_w)
+            pipes.discard(stdin_w)
+        poller.register(self.control, select.POLLIN)
+        poller.register(self.server_fd, select.POLLIN)
+        if run.hangup_fd is not None:
+            poller.register(run.hangup_fd, 0)
+        give_up = None  # once the case is told to end (or has ended): how long we wait for the rest
+        try:
+            while True:
+                now = time.monotonic()
+                if ended is None and not killed and now >= deadline:
+                    timed_out = True
+                    self.kill_case(case_fd)
+                    killed = True
+                if (killed or ended is not None) and give_up is None:
+                    give_up = now + (CASE_SERVER_GRACE_S if ended is None else STOP_GRACE_S)
+                output_open = pipes & set(run.output)
+                if ended is not None and not output_open:
+                    break
+                if give_up is not None and now >= give_up:
+                    if ended is None:
+                        self.gone = True  # the case server did not say how the case ended
+                    break  # a process the case started holds its output: the run's end kills it
+                wake = give_up if give_up is not None else deadline
+                for fd, event in poller.poll(max(0.0, wake - now) * 1000):
+                    if fd == run.hangup_fd:
+                        return HUNG_UP
+                    if fd == stdin_w:
+                        try:
+                            data = data[os.write(stdin_w, data[:65536]):]
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            data = b""  # it closed its stdin
+                        if not data:
+                            poller.unregister(stdin_w)
+                            os.close(stdin_w)
+                            pipes.discard(stdin_w)
+                    elif fd == self.control.fileno():
+                        message = self.receive(time.monotonic() + CASE_SERVER_GRACE_S)
+                        if message is HUNG_UP:
+                            return HUNG_UP
+                        if not isinstance(message, dict):
+                            self.gone = True
+                            ended = {}
+                        else:
+                            ended = message
+                        poller.unregister(self.control)
+                    elif fd == self.server_fd:
+                        self.gone = True
+                        poller.unregister(self.server_fd)
+                        ended = ended if ended is not None else {}
+                    elif fd in run.output:
+                        chunk = os.read(fd, 65536)
+                        if not chunk:
+                            poller.unregister(fd)
+                            pipes.discard(fd)
+                            continue
+                        run.output[fd] = (run.output[fd] + chunk)[-run.keep_bytes:]
+                        if fd == run.stdout:
+                            run.output_bytes += len(chunk)
+                        if run.output_bytes > run.limits["output_mb"] * 2**20 and not run.output_exceeded:
+                            run.output_exceeded = True
+                            self.kill_case(case_fd)
+                            killed = True
+        finally:
+            os.close(case_fd)
+            if stdin_w in pipes:
+                os.close(stdin_w)
+        outcome = self.judge(test, match, ended or {}, timed_out, started_at, deadline, run.oom_count() > oom_before)
+        run.output_exceeded = False
+        outcome["stdout"] = run.output[run.stdout][-run.tail_bytes:].decode("utf-8", "replace")
+        outcome["stderr"] = run.output[run.stderr][-run.tail_bytes:].decode("utf-8", "replace")
+        return outcome
+
+    def judge(self, test: dict, match: dict, ended: dict, timed_out: bool, started_at: float, deadline: float,
+              oom: bool) -> dict:
+        run = self.run_
+        limits = run.limits
+        code, sig, cpu_s = ended.get("exit_code"), ended.get("signal"), ended.get("cpu_s") or 0.0
+
+        def outcome(end, error=None):
+            return {"passed": end == "ok", "end": end, "error": error, "seconds": round(time.monotonic() - started_at, 4)}
+
+        if timed_out:
+            if limits.get("case_timeout_s") and deadline < run.deadline:
+                return outcome("timeout", f"exceeded the case time limit of {limits['case_timeout_s']:g} s")
+            return outcome("timeout", f"exceeded the wall-clock limit of {limits['wall_timeout_s']:g} s")
+        if oom or code == runner.MEMORY_EXIT:
+            return outcome("memory", "ran out of memory")
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits["cpu_time_s"]):
+            return outcome("timeout", f"exceeded the CPU time limit of {limits['cpu_time_s']} s")
+        if run.output_exceeded:
+            return outcome("output", f"wrote more than {limits['output_mb']} MiB of output")
+        if not ended:
+            return outcome("lost", "the program's process stopped answering")
+        stderr = run.output[run.stderr].decode("utf-8", "replace").strip().splitlines()
+        last = f": {stderr[-1][:200]}" if stderr else ""
+        if sig is not None:
+            return outcome("crash", f"the program was killed by signal {sig}{last}")
+        if code != 0:
+            return outcome("crash", f"the program exited with code {code}{last}")
+        got = run.output[run.stdout].decode("utf-8", "replace")
+        if matching.outputs_match(got, test["stdout"], match["mode"], match["float_tolerance"]):
+            return outcome("ok")
+        return outcome("wrong", f"wrong output: {got[:200]!r}")
+
+    def kill_case(self, case_fd: int) -> None:
+        try:
+            signal.pidfd_send_signal(case_fd, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
+
+    def close(self) -> dict | None:
+        """End the case server (its PID namespace goes with it) and say how it ended."""
+        self.control.close()
+        run = self.run_
+        run.killed.add(self.server)
+        try:
+            os.kill(self.server, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, status, usage = os.wait4(self.server, 0)
+        os.close(self.server_fd)
+        return run.how_it_ended(self.server, status, usage)
 
 
 def run_body(body, run: "Run") -> None:

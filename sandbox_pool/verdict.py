@@ -17,6 +17,8 @@ def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list
         return Status.infra_error, report["error"], []
     if report["outlived"]:
         return Status.infra_error, "a process of the program outlived the run", []
+    if "cases" in report:
+        return _cases(report, request)
     limits = request.limits
     if report["output_exceeded"]:
         return Status.runtime_error, f"the program wrote more than {limits.output_mb} MiB of output", []
@@ -37,10 +39,44 @@ def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list
         return Status.infra_error, f"the tester reported {len(tests)} of {len(request.tests)} tests", []
     if all(t.passed for t in tests):
         return Status.passed, "", tests
+    timed_out = next((i for i, t in enumerate(tester["tests"]) if t.get("timeout")), None)
+    if timed_out is not None:
+        return Status.timeout, f"case {timed_out}: {tests[timed_out].error}", tests
     if any(t.get("memory") for t in tester["tests"]):
         return Status.memory_exceeded, "a test raised MemoryError", tests
     failed = sum(not t.passed for t in tests)
     return Status.failed, f"{failed} of {len(tests)} tests failed", tests
+
+
+# How a case ended -> the status of a run whose first failing case ended so, as a judge gives the
+# verdict of the first case that does not pass.
+CASE_STATUS = {"wrong": Status.failed, "timeout": Status.timeout, "memory": Status.memory_exceeded,
+               "crash": Status.runtime_error, "output": Status.runtime_error, "lost": Status.runtime_error}
+
+
+def _cases(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
+    """stdin/stdout cases, each judged by the supervisor (supervisor.Cases.judge)."""
+    load = report["load"]
+    if load["status"] == "syntax_error":
+        return Status.syntax_error, load["detail"], []
+    if load["status"] != "ok":
+        return _ended(report, request.limits, [])
+    cases = report["cases"]
+    if len(cases) > len(request.tests) or any(c.get("end") not in CASE_STATUS and c.get("end") != "ok" for c in cases):
+        return Status.infra_error, "the supervisor's case records do not fit the request", []
+    tests = [TestOutcome(passed=c["passed"] is True and c["end"] == "ok", error=c["error"]) for c in cases]
+    not_run = len(request.tests) - len(tests)
+    if not_run:
+        why = "the run's wall-clock limit ended first" if report["timed_out"] else "the program stopped answering"
+        tests += [TestOutcome(passed=False, error=f"not run: {why}")] * not_run
+    if all(t.passed for t in tests):
+        return Status.passed, "", tests
+    first = next(i for i, t in enumerate(tests) if not t.passed)
+    if first >= len(cases):
+        status = Status.timeout if report["timed_out"] else Status.runtime_error
+        return status, f"case {first}: {tests[first].error}", tests
+    failed = sum(not t.passed for t in tests)
+    return CASE_STATUS[cases[first]["end"]], f"case {first}: {tests[first].error} ({failed} of {len(tests)} cases failed)", tests
 
 
 def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
@@ -53,6 +89,9 @@ def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[Tes
     tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["cpp_tests"]]
     if report["oom_killed"] or report["timed_out"]:
         return _ended(report, request.limits, tests)
+    timed_out = next((i for i, t in enumerate(report["cpp_tests"]) if t.get("timeout")), None)
+    if timed_out is not None:
+        return Status.timeout, f"case {timed_out}: {tests[timed_out].error}", tests
     if len(tests) == len(request.tests) and all(t.passed for t in tests):
         return Status.passed, "", tests
     failed = sum(not t.passed for t in tests)

@@ -448,6 +448,91 @@ for pid in [os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit()]
         pass
 """ + WRONG_ADD, ADD_TESTS, Status.failed)
 
+# ---- stdin/stdout and call cases ----
+# A case's expected output (and a call's accepted value) holds @TOKEN@, which is nowhere else: not
+# in the program, not in its input. Only finding it would pass, so a `passed` is a leak.
+TOKEN_CASES = [{"stdin": "what is the token?\n", "stdout": "@TOKEN@"}] * 3
+SUM_CASES = [{"stdin": f"{a} {b}\n", "stdout": f"{a + b}\n"} for a, b in [(1, 2), (40, 2), (-5, 5)]]
+FIND_TOKEN = """import gc, os, re, sys
+def find():
+    hex32 = re.compile(r'[0-9a-f]{32}')
+    seen = set()
+    for obj in gc.get_objects():  # whatever this process inherited
+        for text in (obj if isinstance(obj, (list, tuple)) else [obj]):
+            if isinstance(text, str):
+                seen.update(hex32.findall(text))
+    for fd in range(3, 256):  # descriptors it might have been left
+        try:
+            os.set_blocking(fd, False)
+            try:
+                seen.update(hex32.findall(os.read(fd, 1 << 20).decode('latin-1')))
+            finally:
+                os.set_blocking(fd, True)
+        except OSError:
+            pass
+    for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
+        for name in ('cmdline', 'environ', 'mem'):
+            try:
+                with open(f'/proc/{pid}/{name}', 'rb') as f:
+                    seen.update(hex32.findall(f.read(1 << 22).decode('latin-1')))
+            except OSError:
+                pass
+    for top in ('/tmp', '/dev/shm', '/var/tmp', '/sandbox', '/proc/self/cwd'):
+        for root, _, files in os.walk(top):
+            for name in files:
+                try:
+                    with open(os.path.join(root, name), 'rb') as f:
+                        seen.update(hex32.findall(f.read(1 << 20).decode('latin-1')))
+                except OSError:
+                    pass
+    return sorted(seen)
+"""
+case("stdio_print_every_answer", "for n in range(-100, 101):\n    print(n)\n", SUM_CASES, Status.failed, entry_point=None)
+case("stdio_read_expected_from_anywhere", FIND_TOKEN + "print(*find())\n", TOKEN_CASES, Status.failed, entry_point=None)
+case("stdio_success_banner_and_exit", "import sys\nprint('All tests passed. OK')\nsys.exit(0)\n", SUM_CASES,
+     Status.failed, entry_point=None)
+case("stdio_read_past_end_of_input", """import os, sys
+data = sys.stdin.read()
+more = [os.read(0, 100) for _ in range(3)]  # end of input, and nothing behind it
+with open('/tmp/count', 'a+') as f:  # cases of one run share /tmp: count them
+    f.write('x'); f.seek(0); n = len(f.read())
+print(len(data), n, *more)
+""", SUM_CASES, Status.failed, entry_point=None)
+case("stdio_sleep_past_case_limit", "import time\ntime.sleep(5)\nprint(3)\n", SUM_CASES, Status.timeout,
+     dict(case_timeout_s=0.5, wall_timeout_s=8.0), entry_point=None)
+case("stdio_flood_output", "while True:\n    print('3' * 4096)\n", SUM_CASES, Status.runtime_error, entry_point=None)
+case("stdio_fork_bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+     SUM_CASES, Status.timeout, dict(case_timeout_s=1.0), entry_point=None)
+case("stdio_memory_bomb", "block = bytearray(8 * 2**30)\n", SUM_CASES, Status.memory_exceeded, entry_point=None)
+case("stdio_kill_the_case_server", """import os, signal
+a, b = map(int, input().split())
+print(a + b, flush=True)
+os.kill(os.getppid(), signal.SIGKILL)
+""", SUM_CASES, Status.runtime_error, entry_point=None)
+CALL_TOKEN = [{"args": ["what is the token?"], "accepted": ["@TOKEN@"]}] * 2
+case("call_read_expected_from_anywhere", FIND_TOKEN + "def add(question):\n    return ' '.join(find())\n",
+     CALL_TOKEN, Status.failed)
+case("call_object_equal_to_anything", """class Anything(list):
+    def __eq__(self, other):
+        return True
+    __hash__ = None
+def add(question):
+    return Anything()
+""", CALL_TOKEN, Status.failed)
+case("call_solution_equal_to_anything", """class Anything:
+    def __eq__(self, other):
+        return True
+class Solution:
+    def add(self, question):
+        return Anything()
+""", CALL_TOKEN, Status.failed)
+case("call_sleep_past_case_limit", "import time\ndef add(a, b):\n    time.sleep(5)\n    return a + b\n",
+     [{"args": [1, 2], "accepted": [3]}] * 3, Status.timeout, dict(case_timeout_s=0.5, wall_timeout_s=8.0))
+case("call_success_banner_and_exit", "import os\ndef add(a, b):\n    print('All tests passed', flush=True)\n"
+     "    os._exit(0)\n", [{"args": [1, 2], "accepted": [3]}], Status.runtime_error)
+case("call_flood_output", "def add(a, b):\n    while True:\n        print('3' * 4096)\n",
+     [{"args": [1, 2], "accepted": [3]}], Status.runtime_error)
+
 
 # ---- the child: one backend, in the test's own network namespace ----
 
@@ -493,11 +578,12 @@ def requests(fill: dict) -> dict[str, ExecutionRequest]:
     for name, (program, tests, _, limits, setup, entry_point) in CASES.items():
         for key, value in fill.items():
             program = program.replace(key, value)
-            tests = [t.replace(key, value) if isinstance(t, str) else t for t in tests]
+            tests = [t.replace(key, value) if isinstance(t, str) else json.loads(json.dumps(t).replace(key, value))
+                     for t in tests]
             setup = setup.replace(key, value)
         language = "cpp" if program.startswith("#include") else "python"
         out[name] = ExecutionRequest(program=program, tests=tests, test_setup=setup, language=language,
-                                     entry_point=entry_point if language == "python" else None,
+                                     entry_point=entry_point if language != "cpp" else None,
                                      limits=Limits(**{**SMALL, **limits}))
     return out
 
