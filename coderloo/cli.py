@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import tempfile
@@ -46,13 +47,15 @@ def _eval(args, config) -> int:
     from coderloo.controller import resolve
     from coderloo.evaluation import evaluate
     from coderloo.runtime import init_ray
-    from coderloo.tasksets.evalsets import eval_set, load_eval_set
+    from coderloo.tasksets.evalsets import eval_set, load_eval_set, published_after
     from coderloo.tasksets.loading import load_tasks
+    from common.hf import load_tokenizer
     from reward_service.client import RewardClient
     from rollout_workers import RolloutGroup, start_workers
     from rollout_workers.strategies import make_strategy
 
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
+    after = args.after or config.eval.after
     # (tasks, stop sequences) per set: the benchmark sets, or the config's evaluation set
     suites = {}
     if sets:
@@ -62,9 +65,10 @@ def _eval(args, config) -> int:
             raise ConfigError(f"--sets / eval.sets: {e}") from None
         data_dir = resolve(args.data_dir or config.eval.data_dir)
         for name in sets:
-            suites[name] = (load_eval_set(name, data_dir, config.tasks.max_eval_tasks), list(eval_set(name).stop))
-    else:
-        suites[config.tasks.eval_set] = (load_tasks(config.tasks)[1], config.rollout.stop)
+            suites[name] = (load_eval_set(name, data_dir, config.tasks.max_eval_tasks, after), list(eval_set(name).stop))
+    else:  # the first tasks.max_eval_tasks of the set, then those published after `after`
+        suites[config.tasks.eval_set] = (published_after(load_tasks(config.tasks)[1], after, config.tasks.eval_set),
+                                         config.rollout.stop)
     model = str(resolve(args.model or config.model.path))
     adapter, adapter_rank = None, None
     if args.adapter:
@@ -84,7 +88,7 @@ def _eval(args, config) -> int:
         workers = start_workers(model, config.rollout, config.learner.seed, lora_rank=adapter_rank)
         if adapter:
             ray.get([w.load_adapter.remote(adapter) for w in workers])
-        strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine)
+        strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine, load_tokenizer(model), config.prompt)
         try:
             for name, (tasks, stop) in suites.items():
                 started = time.monotonic()
@@ -133,8 +137,11 @@ def results_table(results: dict[str, dict]) -> str:
 
 
 def stages_table(evaluations: dict[str, dict]) -> str:
-    """One row per evaluation of a run (base, after SFT, final): each pass@k in percent."""
-    return _pass_table("held-out", evaluations, with_tasks=False)
+    """One row per evaluation of a run (base, after SFT, final): each pass@k in percent, and when
+    the tasks are of several kinds, each kind's pass@1 (by_kind: the pass rate of its samples)."""
+    rows = {name: {**r, **{f"pass@1 {kind}": rate for kind, rate in r["by_kind"].items()}}
+            if len(r.get("by_kind", {})) > 1 else r for name, r in evaluations.items()}
+    return _pass_table("held-out", rows, with_tasks=False)
 
 
 def _pass_table(first: str, results: dict[str, dict], with_tasks: bool) -> str:
@@ -187,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--sets", default=None,
                 help="comma-separated benchmark sets: mbpp, mbpp-sanitized, humaneval, humaneval+, mbpp+, "
-                "humaneval+base, mbpp+base (default: eval.sets, else tasks.eval_set)",
+                "humaneval+base, mbpp+base, apps, codecontests, taco, livecodebench (default: eval.sets, else tasks.eval_set)",
             )
             p.add_argument("--data-dir", default=None, help="directory of the benchmark files (default: eval.data_dir)")
+            p.add_argument("--after", default=None, type=datetime.date.fromisoformat, metavar="YYYY-MM-DD",
+                           help="only the tasks published after this day, e.g. a model's cut-off (default: eval.after)")
             p.add_argument("--out", default=None, help="also write the JSON report to this file")
             p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
             p.add_argument("--verbose", action="store_true",

@@ -7,6 +7,7 @@ invalid config fails before anything starts, naming the field and the reason.
 """
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,10 +17,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from coderloo.curriculum import CurriculumConfig
 from coderloo.models import TinyModelSpec
 from coderloo.runtime import REPO_ROOT
+from coderloo.tasksets.competitive import ColumnMapping
 from common.config import Section
 from learner.config import CriticConfig, LearnerConfig
 from reward_service.config import ServiceConfig
-from rollout_workers.config import RefineConfig, RolloutConfig
+from rollout_workers.config import PromptConfig, RefineConfig, RolloutConfig
 
 
 class ModelConfig(Section):
@@ -35,19 +37,43 @@ class ModelConfig(Section):
 
 
 class TasksConfig(Section):
-    train_set: str = Field(default="synthetic", description="Task set to train on: synthetic, mbpp, mbpp-sanitized, humaneval, jsonl.")
-    train_path: str | None = Field(default=None, description="File of the train set (not used by synthetic).")
+    train_set: str = Field(default="synthetic", description="Task set to train on: synthetic, mbpp, mbpp-sanitized, humaneval, "
+                           "jsonl, apps, codecontests, taco, livecodebench, generic (coderloo/tasksets/benchmarks.py).")
+    train_path: str | None = Field(default=None, description="File of the train set (not used by synthetic); the "
+                                   "competitive-programming sets also take a directory of files.")
     train_split: str = Field(default="train", description="Split of the train set to train on.")
     eval_set: str = Field(default="synthetic", description="Task set for held-out evaluation.")
     eval_path: str | None = Field(default=None, description="File of the evaluation set (not used by synthetic).")
     eval_split: str = Field(default="heldout", description="Split of the evaluation set.")
     max_eval_tasks: int = Field(default=0, ge=0, description="Evaluate on at most this many tasks (0: all).")
+    columns: ColumnMapping | None = Field(
+        default=None, description="The generic set's columns (coderloo/tasksets/competitive.py ColumnMapping), for "
+        "train_set or eval_set generic (both: the same mapping), e.g. {id: problem_id, prompt: question, "
+        "input_output: input_output, solutions: solutions}.")
+    synthetic_kinds: list[Literal["function", "stdio"]] = Field(
+        default_factory=lambda: ["function"], min_length=1,
+        description="Kinds of task in the synthetic set (train and evaluation): function (a function from its "
+        "docstring, checked by asserts), stdio (a program that reads stdin and prints the answer, checked by "
+        "stdin/stdout cases). A tiny model built by the run has its tokenizer trained on them too.",
+    )
+
+    @field_validator("synthetic_kinds")
+    @classmethod
+    def _each_kind_once(cls, kinds: list[str]) -> list[str]:
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"{kinds} names a kind twice")
+        return kinds
 
     @model_validator(mode="after")
     def _paths(self) -> "TasksConfig":
         for name in ("train", "eval"):
             if getattr(self, f"{name}_set") != "synthetic" and not getattr(self, f"{name}_path"):
                 raise ValueError(f"{name}_path is required when {name}_set is not 'synthetic'")
+        generic = "generic" in (self.train_set, self.eval_set)
+        if generic and self.columns is None:
+            raise ValueError("columns is required when train_set or eval_set is 'generic' (which columns hold what)")
+        if self.columns is not None and not generic:
+            raise ValueError("columns is read by the generic set only; neither train_set nor eval_set is 'generic'")
         return self
 
 
@@ -66,10 +92,15 @@ class EvalConfig(Section):
     sets: list[str] = Field(
         default_factory=list,
         description="`coderloo eval`: benchmark sets to evaluate (mbpp, mbpp-sanitized, humaneval, humaneval+, "
-        "mbpp+, humaneval+base, mbpp+base; see coderloo/tasksets/evalsets.py); empty: tasks.eval_set.",
+        "mbpp+, humaneval+base, mbpp+base, apps, codecontests, taco, livecodebench; see "
+        "coderloo/tasksets/evalsets.py); empty: tasks.eval_set.",
     )
     data_dir: str = Field(default="../shared/data", description="`coderloo eval`: directory of the benchmark files (relative: from the repository root).")
     max_new_tokens: int | None = Field(default=None, ge=1, description="`coderloo eval`: longest completion (None: rollout.max_new_tokens).")
+    after: datetime.date | None = Field(
+        default=None, description="`coderloo eval`: only the tasks published after this day (YYYY-MM-DD; the day "
+        "itself is left out), e.g. a model's training cut-off on LiveCodeBench; tasks without a date are left out. "
+        "None: every task.")
 
     @model_validator(mode="after")
     def _k(self) -> "EvalConfig":
@@ -143,6 +174,11 @@ class Config(Section):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Prompt selection by running pass rate.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="An outcome critic trained online on the scored samples.")
     refine: RefineConfig = Field(default_factory=RefineConfig, description="Multi-round refinement from execution feedback (rollout_workers/strategies.py).")
+    prompt: PromptConfig = Field(
+        default_factory=PromptConfig,
+        description="How tasks become prompts for generation, evaluation and SFT: as they are, or through the model's "
+        "chat template (rollout_workers/prompts.py).",
+    )
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")
     metrics_export_port: int | None = Field(

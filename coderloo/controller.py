@@ -45,6 +45,8 @@ from learner.replay import GroupReplay
 from reward_service.client import RewardClient
 from reward_service.schemas import ItemReward
 from rollout_workers import GenerationParams, RolloutGroup, Rollouts, WeightSyncError, start_workers
+from rollout_workers.config import PromptConfig
+from rollout_workers.prompts import chat_answer, render, uses_chat_template
 from rollout_workers.strategies import make_strategy
 from sandbox_pool import Status
 from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
@@ -61,17 +63,27 @@ def prepare_model(config: Config) -> Path:
         if not config.model.build_tiny:
             raise FileNotFoundError(f"model.path: no model at {path} (and model.build_tiny is false)")
         with working(f"building the tiny model at {path} (once)"):
-            build_tiny_model(path, corpus_for_tokenizer(), config.model.tiny)
+            build_tiny_model(path, corpus_for_tokenizer(config.tasks.synthetic_kinds), config.model.tiny)
     return path
 
 
-def sft_examples(tasks, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, reference completion ids + EOS) for every task."""
+def sft_examples(tasks, tokenizer, prompt: PromptConfig | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reference completion ids) for every task with a reference: the prompt as the engines are given it
+    (rollout_workers.prompts.render); the completion is the reference (its continuation of a code
+    prompt) + EOS, or through a chat template, the reference as the model's fenced answer + the
+    template's end of turn."""
+    prompt = prompt or PromptConfig()
+    chat = uses_chat_template(tokenizer, prompt)
     examples = []
     for task in tasks:
-        completion = task.reference[len(task.prompt):] if task.prompt_is_code else task.reference
-        prompt_ids = tokenizer(task.prompt)["input_ids"]
-        completion_ids = tokenizer(completion)["input_ids"] + [tokenizer.eos_token_id]
+        if not task.reference.strip():
+            continue  # a task without a solution in its data (LiveCodeBench's, some CodeContests') teaches nothing
+        prompt_ids = tokenizer(render(task, tokenizer, prompt))["input_ids"]
+        if chat:
+            completion_ids = tokenizer(chat_answer(task, tokenizer, prompt), add_special_tokens=False)["input_ids"]
+        else:
+            completion = task.reference[len(task.prompt):] if task.prompt_is_code else task.reference
+            completion_ids = tokenizer(completion)["input_ids"] + [tokenizer.eos_token_id]
         examples.append((prompt_ids, completion_ids))
     return examples
 
@@ -230,7 +242,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
     workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name,
                             lora_rank=config.learner.pushed_adapter_rank)
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync)
-    strategy = make_strategy(rollouts_group, rewards_service, config.refine)
+    strategy = make_strategy(rollouts_group, rewards_service, config.refine, tokenizer, config.prompt)
     critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
     try:
         rollouts_group.connect(learner.weight_sources)
@@ -249,7 +261,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
         if state is None:
             base = run_eval("base", 0)
             # --- SFT warm-up on reference solutions ---
-            examples = sft_examples(train_tasks, tokenizer)
+            examples = sft_examples(train_tasks, tokenizer, config.prompt)
             for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
                 batch = rng.sample(examples, min(config.sft.batch_size, len(examples)))
                 metrics.write("sft", step + 1, **learner.sft_step(batch))

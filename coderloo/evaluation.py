@@ -47,10 +47,12 @@ def vote_scores(texts: list[list[str]], weights: np.ndarray) -> np.ndarray:
 
 def pass_rate_by(tasks: list[Task], passed: np.ndarray, key: Callable[[Task], object]) -> dict[str, float]:
     """The pass rate of the tasks' samples (row i of `passed` holds task i's) for each value of
-    `key`, keyed by its string: JSON object keys, whatever the value's type."""
+    `key`, keyed by its string: JSON object keys, whatever the value's type. Tasks whose key is
+    None are left out."""
     rows: dict[str, list[np.ndarray]] = {}
     for task, row in zip(tasks, passed, strict=True):
-        rows.setdefault(str(key(task)), []).append(row)
+        if (value := key(task)) is not None:
+            rows.setdefault(str(value), []).append(row)
     return {name: float(np.mean(rows[name])) for name in sorted(rows)}
 
 
@@ -67,8 +69,10 @@ def evaluate(
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
     vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote).
 
-    And the pass rate by difficulty level (by_difficulty) and by task family (by_family) of the
-    sampled evaluation's samples, or of the greedy ones when there is no sampled evaluation.
+    And the pass rate by difficulty level (by_difficulty), by task family (by_family) and by kind
+    of test (by_kind: assert, stdio, call) of the sampled evaluation's samples, or of the greedy
+    ones when there is no sampled evaluation; and, for the tasks that have them, by the source's
+    own difficulty name (by_level) and by month of publication (by_month, 'YYYY-MM').
 
     A progress bar named `label` counts the tasks whose samples are generated; it takes the line
     of the training's bar while it runs (nested, it would add a line per update to a log file)."""
@@ -102,4 +106,8 @@ def evaluate(
     if breakdown is not None:
         metrics["by_difficulty"] = pass_rate_by(tasks, breakdown, lambda task: task.difficulty)
         metrics["by_family"] = pass_rate_by(tasks, breakdown, lambda task: task.family)
+        metrics["by_kind"] = pass_rate_by(tasks, breakdown, lambda task: task.test_kind)
+        by_level = pass_rate_by(tasks, breakdown, lambda task: task.level)
+        by_month = pass_rate_by(tasks, breakdown, lambda task: task.date and f"{task.date:%Y-%m}")
+        metrics.update({name: rates for name, rates in (("by_level", by_level), ("by_month", by_month)) if rates})
     return metrics

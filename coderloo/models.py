@@ -13,6 +13,13 @@ from typing import Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 EOS_TOKEN = "<|endoftext|>"
+# The chat form of Qwen2.5-Instruct (ChatML): each message between these special tokens, and
+# <|im_end|> is the end of the assistant's turn and of the sequence.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 # Qwen2's pre-tokenizer pattern: digits are single tokens, so numbers compose from seen digits.
 QWEN2_SPLIT_PATTERN = (
@@ -40,10 +47,16 @@ class TinyModelSpec(BaseModel):
         "Qwen2.5's 151,936), for a model of a real shape; None: the tokenizer's size.",
     )
     seed: int = Field(default=0, description="Seed of the random initialisation.")
+    chat: bool = Field(
+        default=False,
+        description="Give the tokenizer a ChatML chat template (Qwen2.5-Instruct's: <|im_start|>role ... <|im_end|>, "
+        "both special tokens; <|im_end|> ends the turn and the sequence): an instruct model's shape of prompt.",
+    )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path):
-    """Train a byte-level BPE tokenizer and save it as a fast tokenizer that reloads id-for-id."""
+def build_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path, chat: bool = False):
+    """Train a byte-level BPE tokenizer and save it as a fast tokenizer that reloads id-for-id;
+    with `chat`, with the ChatML special tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -57,12 +70,14 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, IM_START, IM_END] if chat else [EOS_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END if chat else EOS_TOKEN, pad_token=EOS_TOKEN)
+    if chat:
+        fast.chat_template = CHATML_TEMPLATE
     out_dir = Path(out_dir)
     fast.save_pretrained(out_dir)
     # A directory whose config says qwen2 would otherwise load as Qwen2Tokenizer, which re-tokenizes
@@ -81,7 +96,7 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str], spec: TinyModel
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(corpus, spec.vocab_size, out_dir)
+    tokenizer = build_tokenizer(corpus, spec.vocab_size, out_dir, spec.chat)
     config = Qwen2Config(
         vocab_size=max(len(tokenizer), spec.vocab_rows or 0),
         hidden_size=spec.hidden_size,
@@ -91,9 +106,9 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str], spec: TinyModel
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
-        bos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         rope_theta=10000.0,
         torch_dtype="float32",
     )

@@ -53,7 +53,7 @@ def token_rewards(
     or syntax penalty of the tokens that caused it (the rest is the outcome spread over the code)."""
     ends = token_end_offsets(token_ids, tokenizer)
     spans = list(zip([0] + ends[:-1], ends))
-    ex = extract(completion, task.prompt_is_code, task.entry_point)
+    ex = extract(completion, task.prompt_is_code, task.entry_point, task.language)
     code_tokens = [i for i, (s, e) in enumerate(spans) if e > s and s < ex.end and e > ex.start]
     out = [0.0] * len(token_ids)
     penalized = [0.0] * len(token_ids)

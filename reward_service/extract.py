@@ -11,7 +11,14 @@ from dataclasses import dataclass
 # A fence line with an optional language tag; its body runs to the closing fence or, for a
 # completion cut off by the token limit, to the end of the text.
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
-_PYTHON_TAGS = {"", "python", "py", "python3"}
+# The fence tags taken as the task's language (Task.language); an untagged fence is taken too.
+LANGUAGE_TAGS = {
+    "python": {"", "python", "py", "python3"},
+    "javascript": {"", "javascript", "js", "node", "nodejs"},
+    "cpp": {"", "cpp", "c++", "cc", "cxx"},
+}
+# A reasoning model thinks first: its answer is what follows the last closing tag.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # A closing fence where a continuation of the prompt's code ends (the model closing the prompt's fence).
 _CLOSING_FENCE = re.compile(r"^[ \t]*```", re.MULTILINE)
 # Lines that start a program written between sentences of prose.
@@ -56,20 +63,46 @@ def _unfenced_code(completion: str) -> Extraction:
     return _span(completion, offsets[first], offsets[last + 1])
 
 
-def extract(completion: str, prompt_is_code: bool, entry_point: str | None = None) -> Extraction:
-    """The code of a completion and its span.
+def _answer_start(completion: str) -> int | None:
+    """Where the answer of a completion begins: after the last </think>, or at 0 when it does not
+    think; None when it opened a <think> that never closed (it has no answer)."""
+    close = completion.rfind(THINK_CLOSE)
+    if close >= 0:
+        return close + len(THINK_CLOSE)
+    return None if THINK_OPEN in completion else 0
 
-    A completion that continues the prompt's code is code up to a closing fence, if any.
-    Otherwise, among fenced blocks in Python (or untagged), the one defining the entry point is
-    taken, else the first; an unterminated fence runs to the end. Without fences, the code is cut
-    out of the prose around it.
+
+def extract(completion: str, prompt_is_code: bool, entry_point: str | None = None, language: str = "python") -> Extraction:
+    """The code of a completion and its span (offsets into `completion` itself).
+
+    Only the answer is searched: what follows a closed <think> block (code while thinking is a
+    draft, not the answer); a thinking that never closed has no code (an empty extraction at the
+    end). A completion that continues the prompt's code is code up to a closing fence, if any.
+    Otherwise, among fenced blocks tagged with the task's `language` (or untagged), the one
+    defining (in Python) or naming the entry point is taken, else the first; an unterminated fence
+    runs to the end. Without fences, Python code is cut out of the prose around it; another
+    language's answer is taken whole.
     """
+    if language not in LANGUAGE_TAGS:
+        raise ValueError(f"no fence tags for language {language!r}: expected one of {sorted(LANGUAGE_TAGS)}")
+    start = _answer_start(completion)
+    if start is None:
+        return _span(completion, len(completion), len(completion))
+    found = _extract_answer(completion[start:], prompt_is_code, entry_point, language)
+    return _span(completion, found.start + start, found.end + start)
+
+
+def _extract_answer(answer: str, prompt_is_code: bool, entry_point: str | None, language: str) -> Extraction:
     if prompt_is_code:
-        close = _CLOSING_FENCE.search(completion)
-        return _span(completion, 0, close.start() if close else len(completion))
-    blocks = [m for m in _FENCE.finditer(completion) if m.group(1).lower() in _PYTHON_TAGS]
+        close = _CLOSING_FENCE.search(answer)
+        return _span(answer, 0, close.start() if close else len(answer))
+    tags = LANGUAGE_TAGS[language]
+    blocks = [m for m in _FENCE.finditer(answer) if m.group(1).lower() in tags]
     if not blocks:
-        return _unfenced_code(completion)
-    defines = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE) if entry_point else None
+        return _unfenced_code(answer) if language == "python" else _span(answer, 0, len(answer))
+    defines = None
+    if entry_point:
+        name = re.escape(entry_point)
+        defines = re.compile(rf"^\s*(?:async\s+)?def\s+{name}\s*\(" if language == "python" else rf"\b{name}\b", re.MULTILINE)
     chosen = next((m for m in blocks if defines and defines.search(m.group(2))), blocks[0])
-    return _span(completion, chosen.start(2), chosen.end(2))
+    return _span(answer, chosen.start(2), chosen.end(2))

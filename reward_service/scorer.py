@@ -13,7 +13,7 @@ from reward_service.lint import ruff_check, syntax_error
 from reward_service.schemas import Components, Diagnostic, ItemReward
 from reward_service.tasks import Task
 from reward_service.weights import RewardWeights
-from sandbox_pool import ExecutionResult, Limits, SandboxPool, Status
+from sandbox_pool import ExecutionResult, IOTest, Limits, SandboxPool, Status
 
 
 FEEDBACK_CHARS = 1_000  # the most execution feedback one reward carries (a client may cut it shorter)
@@ -36,10 +36,19 @@ class Analysis:
     syntax_error: Diagnostic | None
 
 
+# An answer without code (empty, or a <think> that never closed) runs nothing: it is scored as a
+# program that does not compile, without going to the sandbox.
+NO_CODE = Diagnostic(code="syntax", message="no code in the answer", row=1, column=1, end_row=1, end_column=2)
+
+
 def analyse(task: Task, completion: str) -> Analysis:
-    extraction = extract(completion, task.prompt_is_code, task.entry_point)
+    extraction = extract(completion, task.prompt_is_code, task.entry_point, task.language)
     program = task.program(extraction.code)
-    return Analysis(extraction, program, syntax_error(program))
+    if not extraction.code.strip():
+        return Analysis(extraction, program, NO_CODE)
+    # Only Python is checked here; the sandbox compiles C++ and reports its errors, and Node reports
+    # a JavaScript syntax error as the program's.
+    return Analysis(extraction, program, syntax_error(program) if task.language == "python" else None)
 
 
 def execution_feedback(task: Task, result: ExecutionResult, limits: Limits) -> str:
@@ -53,7 +62,7 @@ def execution_feedback(task: Task, result: ExecutionResult, limits: Limits) -> s
     lines = [why_it_ended(result, limits)]
     failing = next((i for i, t in enumerate(result.tests) if not t.passed), None)
     if failing is not None:
-        lines += [f"first failing test: {cut(str(task.tests[failing]).strip())}",
+        lines += [f"first failing test: {cut(test_text(task.tests[failing]))}",
                   cut(result.tests[failing].error or "it did not pass")]
     if result.status in (Status.syntax_error, Status.runtime_error):
         tail = stderr_tail(result.stderr)
@@ -73,10 +82,22 @@ PROGRAM_DETAILS = {
         r"|the program was killed by (SIG[A-Z0-9]+ \(signal \d+\)|signal \d+)"
         r"|the program exited with code -?\d+ before its tests finished"
         r"|the program stopped answering its tests"
-        r"|the program wrote more than \d+ MiB of output",
+        r"|the program wrote more than \d+ MiB of output"
+        # a case's end, as the supervisor judged it from how the program's process ended
+        r"|case \d+: (the program (exited with code -?\d+|was killed by signal \d+)(: .+)?|wrote more than \d+ MiB"
+        r" of output|the program's process stopped answering)( \(\d+ of \d+ cases failed\))?",
         re.DOTALL,
     ),
 }
+
+
+def test_text(test) -> str:
+    """A test as a programmer reads it: its source, a case's input and expected output, a call."""
+    if isinstance(test, str):
+        return test.strip()
+    if isinstance(test, IOTest):
+        return f"input {test.stdin.strip()!r}, expected output {test.stdout.strip()!r}"
+    return f"arguments {', '.join(map(repr, test.args))}, expected {test.accepted[0]!r}"
 
 
 def why_it_ended(result: ExecutionResult, limits: Limits) -> str:
@@ -142,10 +163,11 @@ class RewardScorer:
         refs = self.pool.submit(requests)
         return [refs[i] for i in index]
 
-    def _lint(self, analyses: list[Analysis]) -> list[list[Diagnostic] | None]:
+    def _lint(self, tasks: list[Task], analyses: list[Analysis]) -> list[list[Diagnostic] | None]:
         if self.weights.lint == 0:
             return [None] * len(analyses)
-        unique = list(dict.fromkeys(a.program for a in analyses if a.syntax_error is None))
+        unique = list(dict.fromkeys(a.program for t, a in zip(tasks, analyses)
+                                    if a.syntax_error is None and t.language == "python"))
         found = dict(zip(unique, self._lint_threads.map(lambda p: ruff_check(p, self.weights.lint_rules), unique)))
         # A program that does not parse gets no lint rules (Ruff reports only its syntax error).
         return [found.get(a.program, []) for a in analyses]
@@ -154,7 +176,7 @@ class RewardScorer:
         """Start running the reference solution of each task not timed yet (once per task)."""
         if self.weights.performance == 0:
             return []
-        todo = list({t.id: t for t in tasks if t.id not in self._reference_s}.values())
+        todo = list({t.id: t for t in tasks if t.id not in self._reference_s and t.reference.strip()}.values())
         requests = [t.execution_request(t.reference, self.limits) for t in todo]
         return list(zip([t.id for t in todo], self.pool.submit(requests)))
 
@@ -198,7 +220,7 @@ class RewardScorer:
         runnable = [i for i, r in enumerate(results) if r is None]
         refs = self.submit([tasks[i] for i in runnable], [analyses[i].program for i in runnable])
         references = self._time_references(tasks)
-        diagnostics = self._lint(analyses)  # while the pool runs the programs
+        diagnostics = self._lint(tasks, analyses)  # while the pool runs the programs
         for i, result in zip(runnable, ray.get(refs)):
             results[i] = result
         for task_id, ref in references:

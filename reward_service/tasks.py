@@ -117,9 +117,10 @@ def build_tasks(
     path: Path,
     records: Iterable[tuple[str, Any]],
     fields: dict[str, type],
-    make_task: Callable[[Record], Task],
+    make_task: Callable[[Record], Task | None],
 ) -> list[Task]:
-    """Check each record's fields (a `list` field must hold strings), build its Task, reject duplicates."""
+    """Check each record's fields (a `list` field must hold strings), build its Task, reject duplicates.
+    `make_task` returns None for a record its loader leaves out (one it documents)."""
     tasks: list[Task] = []
     seen: dict[str, str] = {}
     for where, record in records:
@@ -143,6 +144,8 @@ def build_tasks(
             raise TaskFileError(f"{where}: invalid task: {reasons}") from None
         except ValueError as e:
             raise TaskFileError(f"{where}: {e}") from None
+        if task is None:
+            continue
         if task.id in seen:
             raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first at {seen[task.id]})")
         seen[task.id] = where

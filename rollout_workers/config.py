@@ -1,10 +1,11 @@
-"""The rollout section of the config: the workers, their engines, weight sync, refinement."""
+"""The rollout sections of the config: the workers, their engines, weight sync, refinement, and
+how tasks become prompts."""
 from __future__ import annotations
 
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from common.config import Section
 
@@ -89,3 +90,53 @@ class RefineConfig(Section):
         if self.enabled and self.rounds < 2:
             raise ValueError(f"rounds={self.rounds}: refinement needs at least 2 (1 is no refinement; set enabled false)")
         return self
+
+
+# What a chat prompt asks before the task's text, by the task's kind of test (Task.test_kind).
+DEFAULT_INSTRUCTIONS = {
+    "assert": "Write a {language} function for the task below; its tests call it. "
+              "Answer with the whole program, imports included, in one ```{tag} code block.",
+    "stdio": "Write a {language} program for the task below: it reads the input from standard input and prints the "
+             "answer to standard output. Answer with the whole program in one ```{tag} code block.",
+    "call": "Write the {language} code the task below asks for (the function, or the method of class Solution, that "
+            "its tests call). Answer with the whole program in one ```{tag} code block.",
+}
+
+
+class PromptConfig(Section):
+    chat_template: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="auto: a model whose tokenizer has a chat template is prompted through it, any other with the "
+        "task's prompt as it is; on: through the template (a tokenizer without one is an error); off: the task's "
+        "prompt as it is (a base model's continuation). Through the template, the model answers with the whole "
+        "program in a fenced block and ends its turn itself: the stop sequences (rollout.stop, an evaluation set's) "
+        "are for continuations and are not used.",
+    )
+    system: str = Field(default="", description="The system message of a chat prompt (empty: none, or the template's own default).")
+    instructions: dict[Literal["assert", "stdio", "call"], str] = Field(
+        default_factory=lambda: dict(DEFAULT_INSTRUCTIONS),
+        description="What a chat prompt's user message asks before the task's text, by the task's kind of tests "
+        "(assert: Python statements; stdio: stdin/stdout cases; call: call cases); {language} is the task's "
+        "language (Python, C++, JavaScript) and {tag} its fence tag. A kind left out keeps its default.",
+    )
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value):
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value  # YAML reads on/off as booleans
+
+    @field_validator("instructions", mode="before")
+    @classmethod
+    def _defaults_for_the_rest(cls, value):
+        return {**DEFAULT_INSTRUCTIONS, **value} if isinstance(value, dict) else value
+
+    @field_validator("instructions")
+    @classmethod
+    def _placeholders(cls, value: dict[str, str]) -> dict[str, str]:
+        for kind, text in value.items():
+            try:
+                text.format(language="Python", tag="python")
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"instructions.{kind}: {text!r} is not a template of {{language}} and {{tag}} "
+                                 f"({type(e).__name__}: {e}; write {{{{ and }}}} for a literal brace)") from None
+        return value

@@ -23,8 +23,9 @@ from typing import Protocol
 from reward_service.client import RewardClient
 from reward_service.extract import extract
 from reward_service.tasks import Task
-from rollout_workers.config import RefineConfig
+from rollout_workers.config import PromptConfig, RefineConfig
 from rollout_workers.group import RolloutGroup
+from rollout_workers.prompts import answered_task, generation_params, render, uses_chat_template
 from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn
 
 
@@ -36,12 +37,19 @@ class RolloutStrategy(Protocol):
 
 
 class SingleAttempt:
-    def __init__(self, group: RolloutGroup, rewards: RewardClient):
+    """`tokenizer` and `prompt`: how tasks are rendered into prompts (rollout_workers.prompts; no
+    tokenizer: a model without a chat template)."""
+
+    def __init__(self, group: RolloutGroup, rewards: RewardClient, tokenizer=None, prompt: PromptConfig | None = None):
         self.group, self.rewards = group, rewards
+        self.tokenizer, self.prompt = tokenizer, prompt or PromptConfig()
+        uses_chat_template(tokenizer, self.prompt)  # prompt.chat_template 'on' without a template fails here
 
     def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
             progress: Callable[[int], None] | None = None) -> Rollouts:
         started = time.time()
+        tasks = [answered_task(t, self.tokenizer, self.prompt) for t in tasks]
+        params = generation_params(params, self.tokenizer, self.prompt)
         rollouts: list[PromptRollout | None] = [None] * len(tasks)
         pending: list = [None] * len(tasks)
 
@@ -52,7 +60,7 @@ class SingleAttempt:
             if progress is not None:
                 progress(1)
 
-        redos = self.group.generate_each([t.prompt for t in tasks], params, seed, score)
+        redos = self.group.generate_each([render(t, self.tokenizer, self.prompt) for t in tasks], params, seed, score)
         generated = time.time()
         groups = [
             [Trajectory(task, [Turn.of(rollout.prompt_ids, sample, reward)], reward)
@@ -64,8 +72,9 @@ class SingleAttempt:
 
 
 class Refinement:
-    def __init__(self, group: RolloutGroup, rewards: RewardClient, config: RefineConfig):
-        self.first = SingleAttempt(group, rewards)
+    def __init__(self, group: RolloutGroup, rewards: RewardClient, config: RefineConfig, tokenizer=None,
+                 prompt: PromptConfig | None = None):
+        self.first = SingleAttempt(group, rewards, tokenizer, prompt)
         self.group, self.rewards, self.config = group, rewards, config  # later rounds: single samples, scored at once
 
     def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
@@ -75,12 +84,15 @@ class Refinement:
         trajectories = out.trajectories()
         # Each round is one batch of single samples with the first round's sampling settings; the
         # feedback block comes first, so if a prompt is too long for the engine, it is what is cut.
-        params = replace(params, n=1, truncate_prompt_left=True)
+        # (A chat prompt cut on the left loses its system message and the user's header.)
+        params = replace(generation_params(params, self.first.tokenizer, self.first.prompt), n=1, truncate_prompt_left=True)
         for round_index in range(1, self.config.rounds):
             todo = [t for t in trajectories if not t.outcome.passed]
             if not todo:
                 break
-            prompts = [feedback_prompt(t.task, t.turns[-1].text, t.outcome.feedback, self.config.feedback_chars) for t in todo]
+            prompts = [render(t.task, self.first.tokenizer, self.first.prompt,
+                              feedback_prompt(t.task, t.turns[-1].text, t.outcome.feedback, self.config.feedback_chars))
+                       for t in todo]
             rollouts: list = [None] * len(prompts)
             out.metrics["rollout_retries"] += self.group.generate_each(
                 prompts, params, None if seed is None else seed + 104_729 * round_index, rollouts.__setitem__)
@@ -101,7 +113,7 @@ def feedback_prompt(task: Task, previous_completion: str, feedback: str, chars: 
     scores the answer as a plain completion of `task`."""
     if chars < 1:
         raise ValueError(f"feedback chars must be at least 1, got {chars}")
-    program = task.program(extract(previous_completion, task.prompt_is_code, task.entry_point).code)
+    program = task.program(extract(previous_completion, task.prompt_is_code, task.entry_point, task.language).code)
     said = feedback[:chars] + (" [...]" if len(feedback) > chars else "")
     lines = (
         ["A previous attempt at the code below did not pass its tests:"] + program.rstrip("\n").splitlines()
@@ -118,6 +130,10 @@ def pass_rates_by_turn(trajectories: list[Trajectory], turns: int) -> list[float
     return [sum(p is not None and p <= r for p in passed_at) / len(passed_at) for r in range(1, turns + 1)]
 
 
-def make_strategy(group: RolloutGroup, rewards: RewardClient, refine: RefineConfig) -> RolloutStrategy:
-    """The configured strategy: refinement when enabled, else single attempts."""
-    return Refinement(group, rewards, refine) if refine.enabled else SingleAttempt(group, rewards)
+def make_strategy(group: RolloutGroup, rewards: RewardClient, refine: RefineConfig, tokenizer,
+                  prompt: PromptConfig) -> RolloutStrategy:
+    """The configured strategy: refinement when enabled, else single attempts; prompts rendered
+    with the policy's `tokenizer` as `prompt` says."""
+    if refine.enabled:
+        return Refinement(group, rewards, refine, tokenizer, prompt)
+    return SingleAttempt(group, rewards, tokenizer, prompt)

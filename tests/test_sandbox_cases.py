@@ -16,6 +16,15 @@ SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
 SUM_CASES = [IOTest(stdin=f"{a} {b}\n", stdout=f"{a + b}\n") for a, b in [(1, 2), (40, 2), (-5, 5), (10**12, 1)]]
 
 
+# One event loop for all of a backend's runs: the Docker backend replaces a recycled container in
+# a task of the loop that ran the request, which must still be running for the next request.
+LOOP = asyncio.new_event_loop()
+
+
+def teardown_module() -> None:
+    LOOP.close()
+
+
 @pytest.fixture(scope="module", params=["process", "docker"])
 def backend(request):
     if request.param == "process":
@@ -31,7 +40,7 @@ def backend(request):
 def run(backend, program: str, tests, language: str = "python", entry_point=None, match=None, **limits):
     request = ExecutionRequest(program=program, tests=tests, language=language, entry_point=entry_point,
                                match=match or OutputMatch(), limits=Limits(**{"wall_timeout_s": 10.0, **limits}))
-    return asyncio.run(backend.execute(request))
+    return LOOP.run_until_complete(backend.execute(request))
 
 
 def test_stdio_passes_and_names_the_failing_case(backend):

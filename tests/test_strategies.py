@@ -137,7 +137,8 @@ def test_evaluation_follows_the_eval_config():
 
     heldout = synthetic_suite()["heldout"]
     tasks = [next(t for t in heldout if t.difficulty == level) for level in (1, 2)]  # two families, two levels
-    breakdown = {"by_difficulty": {"1": 1.0, "2": 0.0}, "by_family": {tasks[0].family: 1.0, tasks[1].family: 0.0}}
+    breakdown = {"by_difficulty": {"1": 1.0, "2": 0.0}, "by_family": {tasks[0].family: 1.0, tasks[1].family: 0.0},
+                 "by_kind": {"assert": 0.5}}
 
     def evaluate_with(config, passes):
         group, service = ScriptedGroup(), ScriptedRewards(passes)

@@ -177,8 +177,8 @@ def test_jsonl_round_trip(task_sets, tmp_path):
 
 
 def test_unknown_task_set_name(tmp_path):
-    with pytest.raises(ValueError, match="unknown task set 'apps'.*mbpp, mbpp-sanitized, humaneval, jsonl"):
-        load_task_set("apps", tmp_path / "x")
+    with pytest.raises(ValueError, match="unknown task set 'leetcode'.*mbpp, mbpp-sanitized, humaneval, jsonl"):
+        load_task_set("leetcode", tmp_path / "x")
 
 
 # Malformed files: built from real records so that only the injected fault can be the reason.

@@ -1,5 +1,6 @@
 """Loaders that turn the public benchmark files (MBPP, sanitized MBPP, HumanEval; HumanEval+ and
-MBPP+ through evalplus.py) into Tasks.
+MBPP+ through evalplus.py; APPS, CodeContests, TACO, LiveCodeBench and a generic column mapping
+through competitive.py) into Tasks.
 
 Each loader reads the file as published (see ../shared/data/README.md) and returns list[Task].
 A malformed file raises TaskFileError naming where (file:line, or file: record N for a JSON
@@ -14,6 +15,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
+from coderloo.tasksets.competitive import (
+    ColumnMapping,
+    load_apps,
+    load_codecontests,
+    load_generic,
+    load_livecodebench,
+    load_taco,
+)
 from reward_service.tasks import Record, Task, TaskFileError, build_tasks, jsonl_records, load_jsonl
 
 # The MBPP paper's prompt (Austin et al. 2021), without its few-shot [BEGIN]/[DONE] wrapping.
@@ -181,17 +190,24 @@ LOADERS: dict[str, Callable[[str | Path], list[Task]]] = {
     "mbpp+": _evalplus(plus=True),
     "humaneval+base": _evalplus(plus=False),
     "mbpp+base": _evalplus(plus=False),
+    "apps": load_apps,
+    "codecontests": load_codecontests,
+    "taco": load_taco,
+    "livecodebench": load_livecodebench,
+    "generic": load_generic,  # with its ColumnMapping: load_task_set(..., columns)
 }
 
 
-def load_task_set(name: str, path: str | Path) -> list[Task]:
+def load_task_set(name: str, path: str | Path, columns: ColumnMapping | None = None) -> list[Task]:
     """Load a task set by its format name (a key of LOADERS): mbpp, mbpp-sanitized, humaneval,
-    jsonl (Task records), their 3-shot MBPP forms, or the EvalPlus sets (evalplus.py)."""
+    jsonl (Task records), their 3-shot MBPP forms, the EvalPlus sets (evalplus.py), or the
+    competitive-programming sets (competitive.py): apps, codecontests, taco, livecodebench, and
+    generic, which reads the file through `columns`."""
     try:
         loader = LOADERS[name]
     except KeyError:
         raise ValueError(f"unknown task set {name!r}; known: {', '.join(LOADERS)}") from None
-    return loader(path)
+    return load_generic(path, columns) if name == "generic" else loader(path)
 
 
 def _json_array_records(path: Path) -> Iterator[tuple[str, Any]]:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from coderloo.tasksets.benchmarks import load_task_set
+from coderloo.tasksets.competitive import ColumnMapping
 from coderloo.tasksets.synthetic import synthetic_suite
 from reward_service.tasks import Task
 
 
-def _load(name: str, path: str | None, split: str) -> list[Task]:
-    tasks = synthetic_suite()[split] if name == "synthetic" else load_task_set(name, path)
+def _load(name: str, path: str | None, split: str, synthetic_kinds: list[str], columns: ColumnMapping | None) -> list[Task]:
+    tasks = synthetic_suite(kinds=synthetic_kinds)[split] if name == "synthetic" else load_task_set(name, path, columns)
     if name != "synthetic":
         tasks = [t for t in tasks if t.split == split]
     if not tasks:
@@ -17,8 +18,8 @@ def _load(name: str, path: str | None, split: str) -> list[Task]:
 
 def load_tasks(config) -> tuple[list[Task], list[Task]]:
     """(train tasks, evaluation tasks) for a coderloo.config.TasksConfig."""
-    train = _load(config.train_set, config.train_path, config.train_split)
-    evaluation = _load(config.eval_set, config.eval_path, config.eval_split)
+    train = _load(config.train_set, config.train_path, config.train_split, config.synthetic_kinds, config.columns)
+    evaluation = _load(config.eval_set, config.eval_path, config.eval_split, config.synthetic_kinds, config.columns)
     if config.max_eval_tasks:
         evaluation = evaluation[: config.max_eval_tasks]
     overlap = {t.id for t in train} & {t.id for t in evaluation}

@@ -1,18 +1,23 @@
-"""A synthetic suite of small Python function tasks that a tiny model can learn on a CPU.
+"""A synthetic suite of small Python tasks that a tiny model can learn on a CPU, of two kinds:
+functions checked by asserts (`function`), and programs that read stdin and print the answer,
+checked by stdin/stdout cases (`stdio`, the form of competitive programming tasks).
 
-Each family is one kind of function (add a constant, filter a list, ...) written from a
-docstring; its members differ in their constants. The held-out split holds (family, constants)
-pairs never seen in training, so passing them needs the skill (read the spec, copy the
-constants into code), not memorised answers. Difficulty grows with the number of operations.
+Each family is one kind of function or program (add a constant, filter a list, ...) written
+from a docstring; its members differ in their constants. The held-out split holds (family,
+constants) pairs never seen in training, so passing them needs the skill (read the spec, copy
+the constants into code), not memorised answers. Difficulty grows with the number of operations.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from reward_service.tasks import Task
+from sandbox_pool import IOTest
 
 ENTRY_POINT = "solve"
 
@@ -25,9 +30,9 @@ STRINGS = ["", "a", "hello", "coderloo", "abcdefghij", "Python 3.11!"]
 class Family:
     name: str
     difficulty: int
-    arg: str  # parameter name of the function: x (int), xs (list of int), s (str)
+    arg: str  # parameter name of the function: x (int), xs (list of int), s (str); a program's: what it reads (READS)
     doc: str  # docstring template
-    body: str  # expression template
+    body: str  # expression template; a program's: the statements after it read its input
     params: Callable[[], Iterable[dict[str, int]]]
     inputs: list[Any]
 
@@ -70,6 +75,47 @@ FAMILIES: list[Family] = [
 ]
 
 
+# stdio: the prompt is a module docstring and the model writes the whole program after it
+# (prompt_is_code), the form of a function task's docstring: what SFT teaches on one kind (read
+# the spec, copy its constants) carries to the other, and the completion is code from its first
+# token (no prose to cut out, no fence). Programs read with input() and write with print(), the
+# shortest forms: the default run's completions end at 48 tokens (the longest reference has 30).
+# What a program reads, as its docstring says it and as its first lines read it. A list comes as
+# competitive programming tasks give one: its length on a line, its items on the next.
+READS = {
+    "x": ("Read an integer x.", "x = int(input())\n"),
+    "s": ("Read a line s.", "s = input()\n"),
+    "x, y": ("Read two integers x and y on one line.", "x, y = map(int, input().split())\n"),
+    "xs": ("Read n, then n integers xs on one line.", "input()\nxs = list(map(int, input().split()))\n"),
+}
+STDIO_INTS = [-7, 0, 3, 8, 13, 34]
+PAIRS = [(3, 4), (-2, 7), (0, 5), (10, -3), (6, 6), (12, 1)]
+# Most lists have items above most thresholds, so a program that prints nothing fails most cases.
+STDIO_LISTS = [[], [4], [5, -2, 9, 0, 14], [17, 1, 8, 3], [20, 11, -4, 7, 7, 16, 2], [12, 0, 6, 15, 10, 19], [15, 3, 11, 0, 7, 14, 1, 9, 12, 5, 2, 13, 8, 10, 4, 6]]
+
+# doc: the statement's second sentence (the first, what it reads, is in READS)
+STDIO_FAMILIES: list[Family] = [
+    # difficulty 1: one value, one operation
+    Family("add", 1, "x", "Print x plus {k}.", "print(x + {k})", _one(1, 19, "k"), STDIO_INTS),
+    Family("sub", 1, "x", "Print x minus {k}.", "print(x - {k})", _one(1, 19, "k"), STDIO_INTS),
+    Family("mul", 1, "x", "Print x times {k}.", "print(x * {k})", _one(2, 12, "k"), STDIO_INTS),
+    Family("repeat", 1, "s", "Print s repeated {k} times.", "print(s * {k})", _one(2, 7, "k"), STRINGS),
+    Family("prefix", 1, "s", "Print the first {k} characters of s.", "print(s[:{k}])", _one(1, 9, "k"), STRINGS),
+    Family("drop", 1, "s", "Print s without its first {k} characters.", "print(s[{k}:])", _one(1, 9, "k"), STRINGS),
+    # difficulty 2: two operations, two values on a line, a loop, or a list
+    Family("affine", 2, "x", "Print x times {a} plus {b}.", "print(x * {a} + {b})", _two(range(2, 7), lambda a: range(1, 10)), STDIO_INTS),
+    Family("pair_add", 2, "x, y", "Print x plus y plus {k}.", "print(x + y + {k})", _one(1, 19, "k"), PAIRS),
+    Family("pair_mul", 2, "x, y", "Print x times y plus {k}.", "print(x * y + {k})", _one(1, 19, "k"), PAIRS),
+    Family("lines", 2, "s", "Print s {k} times, one per line.", "for _ in range({k}):\n    print(s)", _one(2, 7, "k"), STRINGS),
+    Family("sum_plus", 2, "xs", "Print the sum of xs plus {k}.", "print(sum(xs) + {k})", _one(1, 19, "k"), STDIO_LISTS),
+    Family("max_plus", 2, "xs", "Print the largest item of xs plus {k}.", "print(max(xs) + {k})", _one(1, 19, "k"), STDIO_LISTS),
+    # difficulty 3: a list filtered, then counted, summed or printed
+    Family("count_gt", 3, "xs", "Print how many items of xs are greater than {k}.", "print(len([v for v in xs if v > {k}]))", _one(0, 14, "k"), STDIO_LISTS),
+    Family("sum_gt", 3, "xs", "Print the sum of the items of xs greater than {k}.", "print(sum(v for v in xs if v > {k}))", _one(0, 14, "k"), STDIO_LISTS),
+    Family("filter_gt", 3, "xs", "Print the items of xs greater than {k}, one per line.", "for v in xs:\n    if v > {k}:\n        print(v)", _one(0, 14, "k"), STDIO_LISTS),
+]
+
+
 def _held_out(family: str, params: dict[str, int], fraction: float) -> bool:
     key = f"{family}:{sorted(params.items())}".encode()
     return int(hashlib.sha256(key).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
@@ -102,29 +148,84 @@ def _make_task(family: Family, params: dict[str, int], split: str) -> Task:
     )
 
 
-def synthetic_suite(heldout_fraction: float = 0.2, max_difficulty: int = 3) -> dict[str, list[Task]]:
-    """All synthetic tasks, split into 'train' and 'heldout' (disjoint by family and constants)."""
-    splits: dict[str, list[Task]] = {"train": [], "heldout": []}
-    for family in FAMILIES:
-        if family.difficulty > max_difficulty:
+def _stdin(arg: str, value: Any) -> str:
+    if arg == "x, y":
+        return f"{value[0]} {value[1]}\n"
+    if arg == "xs":
+        return f"{len(value)}\n{' '.join(map(str, value))}\n"
+    return f"{value}\n"
+
+
+def _printed(program: str, stdin: str) -> str:
+    """What one of our own template programs prints for `stdin`, its input() and print() bound
+    to the text here (as a function task's expected values come from eval of its template)."""
+    lines = iter(stdin.splitlines())
+    out = io.StringIO()
+    exec(program, {"input": lambda: next(lines), "print": functools.partial(print, file=out)})
+    return out.getvalue()
+
+
+def _make_stdio_task(family: Family, params: dict[str, int], split: str) -> Task:
+    says, reads = READS[family.arg]
+    prompt = f'"""{says} {family.doc.format(**params)}"""\n'
+    completion = reads + family.body.format(**params) + "\n"
+    tests = []
+    for value in family.inputs:
+        stdin = _stdin(family.arg, value)
+        try:
+            tests.append(IOTest(stdin=stdin, stdout=_printed(prompt + completion, stdin)))
+        except ValueError:  # max() of an empty list
             continue
-        members = list(family.params())
-        flags = [_held_out(family.name, p, heldout_fraction) for p in members]
-        if not any(flags):  # every family is represented in the held-out split
-            flags[0] = True
-        if all(flags):
-            flags[-1] = False
-        for params, held in zip(members, flags):
-            split = "heldout" if held else "train"
-            splits[split].append(_make_task(family, params, split))
+    suffix = "_".join(str(v) for v in params.values())
+    return Task(
+        id=f"synthetic-stdio/{family.name}/{suffix}",
+        prompt=prompt,
+        tests=tests,
+        reference=prompt + completion,
+        difficulty=family.difficulty,
+        source="synthetic",
+        prompt_is_code=True,
+        split=split,
+    )
+
+
+# kind: (its families, the task maker, the prefix of their names in the held-out draw)
+KINDS = {"function": (FAMILIES, _make_task, ""), "stdio": (STDIO_FAMILIES, _make_stdio_task, "stdio/")}
+
+
+def synthetic_suite(
+    heldout_fraction: float = 0.2, max_difficulty: int = 3, kinds: Iterable[str] = ("function",)
+) -> dict[str, list[Task]]:
+    """The synthetic tasks of `kinds` (KINDS), split into 'train' and 'heldout' (disjoint by
+    family and constants)."""
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown synthetic task kinds {unknown}; the kinds are {sorted(KINDS)}")
+    splits: dict[str, list[Task]] = {"train": [], "heldout": []}
+    for kind in kinds:
+        families, make_task, prefix = KINDS[kind]
+        for family in families:
+            if family.difficulty > max_difficulty:
+                continue
+            members = list(family.params())
+            flags = [_held_out(prefix + family.name, p, heldout_fraction) for p in members]
+            if not any(flags):  # every family is represented in the held-out split
+                flags[0] = True
+            if all(flags):
+                flags[-1] = False
+            for params, held in zip(members, flags):
+                split = "heldout" if held else "train"
+                splits[split].append(make_task(family, params, split))
     return splits
 
 
-def corpus_for_tokenizer() -> Iterable[str]:
-    """Text the tiny model's tokenizer is trained on: the suite's train programs plus common Python."""
-    for task in synthetic_suite()["train"]:
+def corpus_for_tokenizer(kinds: Iterable[str] = ("function",)) -> Iterable[str]:
+    """Text the tiny model's tokenizer is trained on: the train programs of the suite's `kinds`
+    (and the function tasks' asserts) plus common Python."""
+    for task in synthetic_suite(kinds=kinds)["train"]:
         yield task.reference
-        yield "\n".join(task.tests)
+        if task.test_kind == "assert":
+            yield "\n".join(task.tests)
     yield from itertools.repeat(_PYTHON_SNIPPETS, 4)
 
 
