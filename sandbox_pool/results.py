@@ -1,6 +1,7 @@
 """The sandbox's border types: what to run, under which limits, and what came of it."""
 from __future__ import annotations
 
+import re
 import time
 from enum import Enum
 from typing import Any, Literal
@@ -88,6 +89,7 @@ class OutputMatch(BaseModel):
 
 
 Test = str | IOTest | CallTest
+JS_NAME = re.compile(r"[A-Za-z_$][\w$]*")  # an entry point call_harness.js puts in the program's scope
 
 
 class ExecutionRequest(BaseModel):
@@ -125,6 +127,8 @@ class ExecutionRequest(BaseModel):
             raise ValueError("test_setup goes with statement tests only")
         if self.language == "cpp" and self.entry_point:
             raise ValueError("entry_point is for python and javascript requests only")
+        if self.language == "javascript" and self.entry_point and not JS_NAME.fullmatch(self.entry_point):
+            raise ValueError(f"entry_point {self.entry_point!r} is not a JavaScript identifier")
         return self
 
 

@@ -12,9 +12,14 @@ and only then reads the second frame and hands the tests to the tester. So the t
 even in the memory the program's process inherited. The two talk over a socketpair in plain
 values (runner.py); the tester's verdict comes back on a pipe only it holds.
 
-C++: the program's process compiles the source with g++; each test then runs the binary in a
-fresh sandboxed process (exec: nothing of the supervisor's memory survives) with the test's
-stdin, and the supervisor compares its stdout with the expected output outside the sandbox.
+Python stdin/stdout cases: a case server (runner.serve_cases), forked before the cases are read,
+forks one run of the program per case; the supervisor feeds each its stdin and compares its
+stdout outside the sandbox (Cases).
+
+C++ and JavaScript: the program's process compiles (g++) or parses (node --check) the source;
+each case then runs the binary or node in a fresh sandboxed process (exec: nothing of the
+supervisor's memory survives) with the case's stdin, and the supervisor compares its stdout with
+the expected output, or a call's printed result with the accepted values, outside the sandbox.
 
 Every sandboxed process: a new session, rlimits (CPU, address space, file size, processes, no
 core), uid/gid 65534 with no groups, a death signal tied to the supervisor, stdin /dev/null, only
@@ -55,6 +60,12 @@ RECORD_MAX_BYTES = 2**20
 STOP_GRACE_S = 2.0  # after the sandbox ended, for its output pipes to reach EOF
 CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
 COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
+# Node reserves more address space than it uses (V8's heap cage): it does not start under 1 GiB of
+# RLIMIT_AS. Its heap is bounded by --max-old-space-size at the task's memory limit instead, and
+# (where there is one) by the run's memory cgroup.
+NODE_MEMORY_MB = 2048
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_harness.js")) as _f:
+    CALL_HARNESS = _f.read()
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 DEFAULT_MATCH = {"mode": "tokens", "float_tolerance": 1e-6}  # results.OutputMatch's defaults
 # RLIMIT_NPROC counts every process of a uid, so concurrent runs share it: one run's fork bomb
@@ -103,8 +114,8 @@ def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = N
     try:
         run = Run(head, iso, in_fd, hangup_fd)
         try:
-            if head["language"] == "cpp":
-                report = run.cpp()
+            if head["language"] in ("cpp", "javascript"):
+                report = run.executable()
             elif head.get("kind") == "stdio":
                 report = run.stdio()
             else:
@@ -194,14 +205,25 @@ class Run:
         report["tester_process"] = watched["processes"].get("tester")
         return report
 
-    def cpp(self):
+    def executable(self):
+        """C++ and JavaScript: a process of the program checks the source (g++ compiles it; node
+        --check parses it) in the run's directory; then each case runs in a fresh sandboxed process
+        (exec: nothing of the supervisor's memory survives) with the case's stdin, and its stdout
+        is judged here, outside the sandbox: by the output match rule, or for a JavaScript call
+        case as the JSON of the call's result that call_harness.js prints."""
         self.enter_run_namespaces()
-        source = self.head["program"]
+        language, source = self.head["language"], self.head["program"]
+        memory_mb = max(NODE_MEMORY_MB, self.limits["memory_mb"]) if language == "javascript" else None
 
         def compile_it():
-            with open("prog.cpp", "w") as f:
+            name = "prog.cpp" if language == "cpp" else "prog.js"
+            with open(name, "w") as f:
                 f.write(source)
-            os.execvpe(CXX[0], CXX, SANDBOX_ENV)
+            if language == "cpp":
+                os.execvpe(CXX[0], CXX, SANDBOX_ENV)
+            with open("call_harness.js", "w") as f:
+                f.write(CALL_HARNESS)
+            os.execvpe("node", ["node", "--check", "prog.js"], SANDBOX_ENV)
 
         compiler = self.fork(lambda: self.become_sandbox(None, compile_it, compile=True),
                              new_pid_namespace=self.iso.pid_namespace)
@@ -216,28 +238,34 @@ class Run:
             report = self.report(watched)
             report["compile_failed"] = True
             return report
+        calls = self.head.get("kind") == "call"
+        if language == "cpp":
+            argv = ["./prog"]
+        else:  # the heap within the task's memory limit (V8's own would be larger than the address space)
+            heap = f"--max-old-space-size={self.limits['memory_mb']}"
+            argv = ["node", heap, "call_harness.js", str(tail["entry_point"])] if calls else ["node", heap, "prog.js"]
         outcomes = []
         self.keep_bytes = CPP_STDOUT_MAX_BYTES  # the whole output, to compare
         for test in tail["tests"]:
             self.reset_output()
             stdin_r, stdin_w = os.pipe()
-            argv = ["./prog"]
-            binary = self.fork(lambda: self.become_sandbox(None, lambda: os.execve(argv[0], argv, SANDBOX_ENV), stdin=stdin_r),
+            binary = self.fork(lambda: self.become_sandbox(None, lambda: os.execvpe(argv[0], argv, SANDBOX_ENV), stdin=stdin_r,
+                                                           memory_mb=memory_mb),
                                new_pid_namespace=self.iso.pid_namespace)
             os.close(stdin_r)
             self.close_output_ends()
             run_deadline = self.deadline
             if self.limits.get("case_timeout_s"):  # the case's own limit, within the run's
                 self.deadline = min(run_deadline, time.monotonic() + self.limits["case_timeout_s"])
-            self.feed(stdin_w, test["stdin"].encode())
+            self.feed(stdin_w, (json.dumps(test["args"]) + "\n" if calls else test["stdin"]).encode())
             watched = self.watch({binary: "program"}, until="program")
             case_deadline, self.deadline = self.deadline, run_deadline
             if watched is None:
                 return None
             ran = watched["processes"]["program"]
             if watched["timed_out"] and case_deadline < run_deadline:
-                outcomes.append({"passed": False, "error": f"exceeded the case time limit of "
-                                 f"{self.limits['case_timeout_s']:g} s", "memory": False, "timeout": True})
+                outcomes.append({"passed": False, "end": "timeout",
+                                 "error": f"exceeded the case time limit of {self.limits['case_timeout_s']:g} s"})
                 watched["timed_out"] = False
                 continue
             if watched["timed_out"]:
@@ -245,15 +273,27 @@ class Run:
             got = self.output[self.stdout].decode("utf-8", "replace")
             if ran["signal"] is not None or ran["exit_code"] != 0:
                 how = f"signal {ran['signal']}" if ran["signal"] is not None else f"exit code {ran['exit_code']}"
-                outcomes.append({"passed": False, "error": f"the program ended with {how}", "memory": False})
+                stderr = self.output[self.stderr].decode("utf-8", "replace").strip().splitlines()
+                said = next((line.strip() for line in reversed(stderr) if "Error" in line), stderr[-1] if stderr else "")
+                outcomes.append({"passed": False, "end": "crash",
+                                 "error": f"the program ended with {how}" + (f": {said[:200]}" if said else "")})
             elif self.output_exceeded or self.output_bytes > CPP_STDOUT_MAX_BYTES:
-                outcomes.append({"passed": False, "error": "output too long to compare", "memory": False})
+                outcomes.append({"passed": False, "end": "output", "error": "output too long to compare"})
+            elif calls:
+                try:
+                    value = json.loads(got)
+                except ValueError:
+                    outcomes.append({"passed": False, "end": "wrong", "error": f"no result: {got[:200]!r}"})
+                    continue
+                passed = any(matching.values_match(value, want, match["float_tolerance"]) for want in test["accepted"])
+                outcomes.append({"passed": passed, "end": "ok" if passed else "wrong",
+                                 "error": None if passed else f"wrong result: {got.strip()[:200]}"})
             else:
                 passed = matching.outputs_match(got, test["stdout"], match["mode"], match["float_tolerance"])  # here, outside
-                outcomes.append({"passed": passed, "error": None if passed else f"wrong output: {got[:200]!r}",
-                                 "memory": False})
+                outcomes.append({"passed": passed, "end": "ok" if passed else "wrong",
+                                 "error": None if passed else f"wrong output: {got[:200]!r}"})
         report = self.report(watched)
-        report["cpp_tests"] = outcomes
+        report["case_tests"] = outcomes
         return report
 
     def stdio(self):
@@ -410,7 +450,7 @@ class Run:
         send_frame(5, record)
         os._exit(0)
 
-    def become_sandbox(self, channel, body, stdin=None, compile=False, own_proc=True) -> None:
+    def become_sandbox(self, channel, body, stdin=None, compile=False, own_proc=True, memory_mb=None) -> None:
         """`own_proc`: the first process of its PID namespace, which mounts its /proc (C++); the
         Python program joins the tester's namespace, whose /proc the tester mounts."""
         for path in self.cgroups:  # before the uid change: joining needs root
@@ -428,7 +468,8 @@ class Run:
             keep[0] = stdin
         if channel is not None:
             keep[3] = channel
-        memory_mb = max(COMPILE_MEMORY_MB, self.limits["memory_mb"]) if compile else self.limits["memory_mb"]
+        if memory_mb is None:
+            memory_mb = max(COMPILE_MEMORY_MB, self.limits["memory_mb"]) if compile else self.limits["memory_mb"]
         processes = SHARED_NPROC if self.iso.run_bounds_processes else self.limits["max_processes"]
         self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, processes)
         body()

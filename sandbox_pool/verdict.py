@@ -22,8 +22,8 @@ def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list
     limits = request.limits
     if report["output_exceeded"]:
         return Status.runtime_error, f"the program wrote more than {limits.output_mb} MiB of output", []
-    if request.language == "cpp":
-        return _cpp(report, request)
+    if request.language in ("cpp", "javascript"):
+        return _executable(report, request)
     tester = report["tester"]
     if tester is None:
         if report["timed_out"]:
@@ -55,13 +55,19 @@ CASE_STATUS = {"wrong": Status.failed, "timeout": Status.timeout, "memory": Stat
 
 
 def _cases(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
-    """stdin/stdout cases, each judged by the supervisor (supervisor.Cases.judge)."""
+    """Python stdin/stdout cases, each judged by the supervisor (supervisor.Cases.judge)."""
     load = report["load"]
     if load["status"] == "syntax_error":
         return Status.syntax_error, load["detail"], []
     if load["status"] != "ok":
         return _ended(report, request.limits, [])
-    cases = report["cases"]
+    return _judged(report["cases"], report, request)
+
+
+def _judged(cases: list, report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
+    """Cases the supervisor judged one by one: the run's status is the one of its first failing case
+    (a wrong answer, a time limit, a crash), as a judge's verdict; cases the run's time limit left
+    unrun fail as not run."""
     if len(cases) > len(request.tests) or any(c.get("end") not in CASE_STATUS and c.get("end") != "ok" for c in cases):
         return Status.infra_error, "the supervisor's case records do not fit the request", []
     tests = [TestOutcome(passed=c["passed"] is True and c["end"] == "ok", error=c["error"]) for c in cases]
@@ -79,23 +85,18 @@ def _cases(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[T
     return CASE_STATUS[cases[first]["end"]], f"case {first}: {tests[first].error} ({failed} of {len(tests)} cases failed)", tests
 
 
-def _cpp(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
+def _executable(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
     if report.get("compile_failed"):
         if report["timed_out"] or (report["program"] or {}).get("signal") is not None:
             return _ended(report, request.limits, [])
         lines = report["stderr"].strip().splitlines()
-        errors = [line for line in lines if "error" in line] or lines
-        return Status.syntax_error, "compilation failed: " + (errors[0] if errors else "no message"), []
-    tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["cpp_tests"]]
-    if report["oom_killed"] or report["timed_out"]:
+        errors = [line for line in lines if "error" in line.lower()] or lines
+        what = "compilation failed" if request.language == "cpp" else "the program does not parse"
+        return Status.syntax_error, f"{what}: " + (errors[0] if errors else "no message"), []
+    if report["oom_killed"]:
+        tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["case_tests"]]
         return _ended(report, request.limits, tests)
-    timed_out = next((i for i, t in enumerate(report["cpp_tests"]) if t.get("timeout")), None)
-    if timed_out is not None:
-        return Status.timeout, f"case {timed_out}: {tests[timed_out].error}", tests
-    if len(tests) == len(request.tests) and all(t.passed for t in tests):
-        return Status.passed, "", tests
-    failed = sum(not t.passed for t in tests)
-    return Status.failed, f"{failed} of {len(tests)} tests failed", tests
+    return _judged(report["case_tests"], report, request)
 
 
 def _ended(report: dict, limits: Limits, tests: list[TestOutcome]) -> tuple[Status, str, list[TestOutcome]]:

@@ -533,6 +533,45 @@ case("call_success_banner_and_exit", "import os\ndef add(a, b):\n    print('All 
 case("call_flood_output", "def add(a, b):\n    while True:\n        print('3' * 4096)\n",
      [{"args": [1, 2], "accepted": [3]}], Status.runtime_error)
 
+# JavaScript (a program that starts with "// js"): the same cheats through node.
+JS_FIND_TOKEN = """// js
+const fs = require('fs');
+function find() {
+  const seen = new Set();
+  const grab = (text) => { for (const m of text.matchAll(/[0-9a-f]{32}/g)) seen.add(m[0]); };
+  // (no scan of descriptors: node's own, an epoll or an eventfd, would block a read; the run's
+  // process is exec'd with stdin, stdout and stderr only, which the Python cheats check)
+  for (const fd of fs.readdirSync('/proc/self/fd')) { try { grab(fs.readlinkSync(`/proc/self/fd/${fd}`)); } catch (e) {} }
+  for (const pid of fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p))) {
+    for (const name of ['cmdline', 'environ']) { try { grab(fs.readFileSync(`/proc/${pid}/${name}`, 'latin1')); } catch (e) {} }
+  }
+  for (const dir of ['/tmp', '/dev/shm', '/var/tmp', '/sandbox']) {
+    try { for (const f of fs.readdirSync(dir)) { try { grab(fs.readFileSync(`${dir}/${f}`, 'latin1')); } catch (e) {} } } catch (e) {}
+  }
+  grab(JSON.stringify(process.env));
+  return [...seen].sort().join(' ');
+}
+"""
+JS_SLOW = dict(wall_timeout_s=30.0, cpu_time_s=10)  # node starts per case, and these read a lot
+case("js_stdio_read_expected_from_anywhere", JS_FIND_TOKEN + "console.log(find());\n", TOKEN_CASES, Status.failed,
+     JS_SLOW, entry_point=None)
+case("js_call_read_expected_from_anywhere", JS_FIND_TOKEN + "function add(question) { return find(); }\n", CALL_TOKEN,
+     Status.failed, JS_SLOW)
+case("js_success_banner_and_exit", "// js\nconsole.log('All tests passed');\nprocess.exit(0);\n", SUM_CASES,
+     Status.failed, entry_point=None)
+case("js_print_every_answer", "// js\nfor (let n = -100; n <= 100; n++) console.log(n);\n", SUM_CASES, Status.failed,
+     entry_point=None)
+case("js_infinite_loop_past_case_limit", "// js\nwhile (true) {}\n", SUM_CASES, Status.timeout,
+     dict(case_timeout_s=0.5, wall_timeout_s=8.0), entry_point=None)
+case("js_flood_output", "// js\nconst fs = require('fs');\nconst line = '3'.repeat(4096) + '\\n';\n"
+     "while (true) fs.writeSync(1, line);\n",
+     SUM_CASES, Status.runtime_error, entry_point=None)
+case("js_memory_bomb", "// js\nconst keep = [];\nwhile (true) keep.push(new Array(1e6).fill(7));\n", SUM_CASES,
+     Status.memory_exceeded, entry_point=None)
+case("js_spawn_the_expected", "// js\nconst { execSync } = require('child_process');\n"
+     "function add(q) { return execSync('cat /proc/*/environ /proc/*/cmdline 2>/dev/null || true').toString(); }\n",
+     CALL_TOKEN, Status.failed, JS_SLOW)
+
 
 # ---- the child: one backend, in the test's own network namespace ----
 
@@ -581,7 +620,7 @@ def requests(fill: dict) -> dict[str, ExecutionRequest]:
             tests = [t.replace(key, value) if isinstance(t, str) else json.loads(json.dumps(t).replace(key, value))
                      for t in tests]
             setup = setup.replace(key, value)
-        language = "cpp" if program.startswith("#include") else "python"
+        language = "cpp" if program.startswith("#include") else "javascript" if program.startswith("// js") else "python"
         out[name] = ExecutionRequest(program=program, tests=tests, test_setup=setup, language=language,
                                      entry_point=entry_point if language != "cpp" else None,
                                      limits=Limits(**{**SMALL, **limits}))

@@ -148,6 +148,39 @@ def test_cpp_cases_follow_the_same_rules(backend):
     assert run(backend, floats, [IOTest(stdout="0.3333334")], language="cpp", wall_timeout_s=30.0).status is Status.passed
 
 
+JS_SUM = "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n"
+
+
+def test_javascript_stdio_cases(backend):
+    passed = run(backend, JS_SUM, SUM_CASES[:3], language="javascript")
+    assert passed.status is Status.passed, (passed.detail, passed.stderr[-300:])
+    wrong = run(backend, JS_SUM.replace("a + b", "a - b"), SUM_CASES[:3], language="javascript")
+    assert wrong.status is Status.failed and wrong.detail.startswith("case 0: wrong output")
+    broken = run(backend, "const x = ;\n", SUM_CASES[:3], language="javascript")
+    assert broken.status is Status.syntax_error and "SyntaxError" in broken.detail
+    thrown = run(backend, "throw new RangeError('not today');\n", SUM_CASES[:1], language="javascript")
+    assert thrown.status is Status.runtime_error and "RangeError: not today" in thrown.tests[0].error
+    slow = run(backend, "while (true) {}\n", SUM_CASES[:2], language="javascript", case_timeout_s=0.5)
+    assert slow.status is Status.timeout and slow.tests[1].error == "exceeded the case time limit of 0.5 s"
+
+
+def test_javascript_call_cases(backend):
+    add = "function add(a, b) {\n  console.log('the program may print');\n  return a + b;\n}\n"
+    cases = [CallTest(args=[1, 2], accepted=[3]), CallTest(args=[0.1, 0.2], accepted=[0.3])]
+    assert run(backend, add, cases, language="javascript", entry_point="add").status is Status.passed
+    wrong = run(backend, add.replace("a + b", "a * b"), cases, language="javascript", entry_point="add")
+    assert wrong.status is Status.failed and wrong.tests[0].error == "wrong result: 2"
+    solution = "class Solution {\n  twoSum(nums, target) {\n    const seen = new Map();\n" \
+               "    for (let i = 0; i < nums.length; i++) {\n      if (seen.has(target - nums[i])) return [seen.get(target - nums[i]), i];\n" \
+               "      seen.set(nums[i], i);\n    }\n  }\n}\n"
+    leetcode = [CallTest(args=[[2, 7, 11, 15], 9], accepted=[[0, 1]]), CallTest(args=[[3, 2, 4], 6], accepted=[[1, 2]])]
+    assert run(backend, solution, leetcode, language="javascript", entry_point="twoSum").status is Status.passed
+    exported = "module.exports.add = (a, b) => a + b;\n"
+    assert run(backend, exported, cases[:1], language="javascript", entry_point="add").status is Status.passed
+    missing = run(backend, "const x = 1;\n", cases[:1], language="javascript", entry_point="add")
+    assert missing.status is Status.runtime_error and "neither add nor class Solution" in missing.tests[0].error
+
+
 def test_requests_are_checked():
     with pytest.raises(ValueError, match="one kind per task"):
         ExecutionRequest(program="", tests=["assert True", IOTest(stdout="1")])
@@ -155,6 +188,9 @@ def test_requests_are_checked():
         ExecutionRequest(program="", tests=[CallTest(args=[], accepted=[1])])
     with pytest.raises(ValueError, match="Python"):
         ExecutionRequest(program="", tests=["assert True"], language="javascript", entry_point="f")
+    with pytest.raises(ValueError, match="not a JavaScript identifier"):
+        ExecutionRequest(program="", tests=[CallTest(args=[], accepted=[1])], language="javascript",
+                         entry_point="f; process.exit(0)")
 
 
 @pytest.mark.parametrize("got, expected, mode, tolerance, same", [
