@@ -45,6 +45,9 @@ def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list
     if any(t.get("memory") for t in tester["tests"]):
         return Status.memory_exceeded, "a test raised MemoryError", tests
     failed = sum(not t.passed for t in tests)
+    if request.test_kind == "call":
+        first = next(i for i, t in enumerate(tests) if not t.passed)
+        return Status.failed, f"case {first}: {tests[first].error} ({failed} of {len(tests)} cases failed)", tests
     return Status.failed, f"{failed} of {len(tests)} tests failed", tests
 
 

@@ -50,3 +50,46 @@ def test_results_table():
         "| mbpp  | 500   | 50.0%  | 25.0%         |",
         "| mbpp+ | 378   | -      | 12.5%         |",
     ]
+
+
+def test_eval_on_the_competitive_sets_by_level_and_date(ray_cluster, tmp_path, capsys):
+    """APPS, CodeContests, TACO and LiveCodeBench from their fixtures (tests/fixtures/competitive),
+    laid out as eval.data_dir expects the published files (Parquet for CodeContests and TACO, a
+    directory of releases for LiveCodeBench): pass@k by the sets' own difficulty names and, for
+    dated problems, by month; --after keeps LiveCodeBench's problems after a cut-off."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.test_tasksets_competitive import FIXTURE_DIR
+
+    def rows(name):
+        return [json.loads(line) for line in (FIXTURE_DIR / name).read_text().splitlines() if line.strip()]
+
+    data = tmp_path / "data"
+    (data / "livecodebench").mkdir(parents=True)
+    (data / "apps-test.jsonl").write_text((FIXTURE_DIR / "apps-test.jsonl").read_text())
+    pq.write_table(pa.Table.from_pylist(rows("codecontests-test.jsonl")), data / "codecontests-test.parquet")
+    pq.write_table(pa.Table.from_pylist(rows("taco-test.jsonl")), data / "taco-test.parquet")
+    (data / "livecodebench" / "test.jsonl").write_text((FIXTURE_DIR / "livecodebench-test.jsonl").read_text())
+    model = build_tiny_model(tmp_path / "tiny-long", corpus_for_tokenizer(), TinyModelSpec(max_position_embeddings=8192))
+    sets = ["apps", "codecontests", "taco", "livecodebench"]
+    common = ["--model", str(model), "--data-dir", str(data), "eval.samples_per_task=2", "eval.k=[1,2]",
+              "eval.max_new_tokens=16"]
+    out = tmp_path / "report.json"
+    assert main(["eval", "--sets", ",".join(sets), "--out", str(out), *common]) == 0
+    report = json.loads(out.read_text())["sets"]
+    assert {name: result["tasks"] for name, result in report.items()} == {
+        "apps": 4, "codecontests": 3, "taco": 3, "livecodebench": 3}
+    assert set(report["apps"]["by_level"]) == {"introductory", "interview", "competition"}
+    assert set(report["livecodebench"]["by_level"]) == {"easy", "medium", "hard"}
+    assert set(report["livecodebench"]["by_month"]) == {"2023-11", "2024-05", "2024-08"}
+    assert set(report["taco"]["by_month"]) == {"2020-10", "2021-02"}  # the undated ones are in no month
+    assert "by_month" not in report["apps"]  # APPS has no dates
+    for name, result in report.items():
+        assert 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0, name
+    after = tmp_path / "after.json"
+    assert main(["eval", "--sets", "livecodebench", "--after", "2024-01-01", "--out", str(after), *common]) == 0
+    recent = json.loads(after.read_text())["sets"]["livecodebench"]
+    assert recent["tasks"] == 2 and set(recent["by_month"]) == {"2024-05", "2024-08"}
+    assert main(["eval", "--sets", "apps", "--after", "2024-01-01", *common]) == 2  # no dates: nothing to keep
+    assert "apps" in capsys.readouterr().err
