@@ -31,6 +31,7 @@ their attributes across the socket and passes them back. Run in the program's pr
 setup would show the program its source and values (EvalPlus's expected outputs are in it), and
 whatever it computed for the tests would be the program's to change.
 """
+import __future__
 import builtins
 import io
 import json
@@ -49,6 +50,7 @@ MAX_DEPTH = 100  # nesting of a plain value
 # The exit code of a stdin/stdout case whose program raised MemoryError. A program that exits
 # with it on its own only makes its case read as out of memory: worse for it, never better.
 MEMORY_EXIT = 120
+LAZY_ANNOTATIONS = __future__.annotations.compiler_flag
 
 
 # ---- plain values ----
@@ -138,8 +140,12 @@ def describe(error: BaseException) -> str:
 
 # ---- the program's side ----
 
-def serve_program(program: str, channel: int) -> None:
-    """Run the program, then answer the tester's calls until it hangs up. Ends the process."""
+def serve_program(program: str, channel: int, lazy_annotations: bool = False) -> None:
+    """Run the program, then answer the tester's calls until it hangs up. Ends the process.
+
+    `lazy_annotations` (call cases): the program is compiled as under `from __future__ import
+    annotations`, so LeetCode's starter signatures (`nums: List[int]`) need no typing import,
+    as the graders that prepend `from typing import *` give them; the source is unchanged."""
     namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
     objects: list = []  # what references point to
 
@@ -149,7 +155,7 @@ def serve_program(program: str, channel: int) -> None:
 
     wanted = read_frame(channel)["names"]
     try:
-        code = compile(program, "<program>", "exec")
+        code = compile(program, "<program>", "exec", flags=LAZY_ANNOTATIONS if lazy_annotations else 0)
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
         load = {"status": "syntax_error", "detail": describe(e)}
     else:

@@ -166,7 +166,8 @@ class Run:
         tests_r, tests_w = os.pipe()
         record_r, record_w = os.pipe()
         self.enter_run_namespaces()
-        program_body = lambda: runner.serve_program(self.head["program"], 3)  # noqa: E731
+        calls = self.head.get("kind") == "call"
+        program_body = lambda: runner.serve_program(self.head["program"], 3, lazy_annotations=calls)  # noqa: E731
         if self.iso.root:
             # One PID namespace for the run, whose /proc the tester mounts at the root's (in the
             # run's mount namespace): the tester is its init (never in the run's cgroups: the

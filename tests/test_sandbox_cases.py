@@ -129,6 +129,8 @@ def test_call_cases(backend):
     # APPS accepts its expected list or its first item
     assert run(backend, "def f(x):\n    return x\n", [CallTest(args=[5], accepted=[[5], 5])],
                entry_point="f").status is Status.passed
+    typed = "class Solution:\n    def add(self, a: int, b: List[int]) -> Optional[int]:\n        return a + sum(b)\n"
+    assert run(backend, typed, [CallTest(args=[1, [2, 3]], accepted=[6])], entry_point="add").status is Status.passed
     missing = run(backend, "x = 1\n", cases[:1], entry_point="add")
     assert missing.status is Status.failed and "neither add nor class Solution" in missing.tests[0].error
     slow = run(backend, "import time\ndef add(a, b):\n    if a > 0:\n        time.sleep(30)\n    return a + b\n",
