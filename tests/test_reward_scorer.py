@@ -147,6 +147,26 @@ def test_execution_feedback_says_why_the_run_ended_and_names_the_first_failing_t
     )
 
 
+def test_execution_feedback_of_stdin_and_call_cases():
+    from reward_service.scorer import execution_feedback
+    from sandbox_pool import CallTest, IOTest
+
+    limits = Limits()
+    stdio = TASK.model_copy(update={"tests": [IOTest(stdin="1 2\n", stdout="3\n")] * 3, "entry_point": None})
+    wrong = result(Status.failed, [OK, {"passed": False, "error": "wrong output: '-1\\n'"}, BAD],
+                   "case 1: wrong output: '-1\\n' (2 of 3 cases failed)")
+    assert execution_feedback(stdio, wrong, limits) == (
+        "Failed: 2 of 3 tests did not pass\nfirst failing test: input '1 2', expected output '3'\nwrong output: '-1\\n'"
+    )
+    crashed = result(Status.runtime_error, [{"passed": False, "error": "the program exited with code 1: ValueError: x"}],
+                     "case 0: the program exited with code 1: ValueError: x (3 of 3 cases failed)", stderr="ValueError: x\n")
+    assert execution_feedback(stdio, crashed, limits).startswith(
+        "Runtime error: case 0: the program exited with code 1: ValueError: x (3 of 3 cases failed)\n"
+        "first failing test: input '1 2', expected output '3'")
+    calls = TASK.model_copy(update={"tests": [CallTest(args=[[1, 2], 3], accepted=[[0, 1]])] * 3})
+    assert "first failing test: arguments [1, 2], 3, expected [0, 1]" in execution_feedback(calls, wrong, limits)
+
+
 def test_execution_feedback_never_carries_the_sandboxs_internals():
     from reward_service.scorer import execution_feedback
 
