@@ -71,7 +71,7 @@ def test_synthetic_stdio_references_pass_and_an_echo_fails():
     try:
         references = run_all(server, [t.execution_request(t.reference, LIMITS) for t in tasks])
         echo = "import sys\nprint(sys.stdin.read())\n"
-        echoes = run_all(server, [t.execution_request(echo, LIMITS) for t in tasks])
+        echoes = run_all(server, [t.execution_request(echo, LIMITS) for t in tasks[::5]])
     finally:
         server.close()
     for task, result in zip(tasks, references):
