@@ -39,3 +39,28 @@ def tiny_model(tmp_path_factory) -> Path:
     from coderloo.tasksets.synthetic import corpus_for_tokenizer
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), corpus_for_tokenizer(), TinyModelSpec())
+
+
+@pytest.fixture(scope="module", params=["process", "docker"])
+def sandbox(request):
+    """(backend, run): each sandbox backend in turn, and `run(requests)` -> their results, all on
+    one event loop per module (the Docker backend replaces a recycled container in a task of the
+    loop that ran the request, which must still be running for the next request). The Docker half
+    skips without an engine, or fails where CODERLOO_REQUIRE_DOCKER=1."""
+    import asyncio
+
+    from sandbox_pool import ForkServer
+    from tests.test_sandbox_docker import docker_backend_or_skip
+
+    loop = asyncio.new_event_loop()
+    backend = ForkServer() if request.param == "process" else docker_backend_or_skip(containers=2)
+
+    def run(requests):
+        async def go():
+            return await asyncio.gather(*(backend.execute(r) for r in requests))
+
+        return loop.run_until_complete(go())
+
+    yield backend, run
+    backend.close()
+    loop.close()

@@ -4,182 +4,158 @@ half needs the executor image (make sandbox-image); it skips without an engine, 
 CODERLOO_REQUIRE_DOCKER=1."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from sandbox_pool import CallTest, ExecutionRequest, ForkServer, IOTest, Limits, OutputMatch, Status
+from sandbox_pool import CallTest, ExecutionRequest, IOTest, Limits, OutputMatch, Status
 from sandbox_pool.matching import outputs_match, values_match
-from tests.test_sandbox_docker import docker_backend_or_skip
 
 SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
 SUM_CASES = [IOTest(stdin=f"{a} {b}\n", stdout=f"{a + b}\n") for a, b in [(1, 2), (40, 2), (-5, 5), (10**12, 1)]]
 
 
-# One event loop for all of a backend's runs: the Docker backend replaces a recycled container in
-# a task of the loop that ran the request, which must still be running for the next request.
-LOOP = asyncio.new_event_loop()
-
-
-def teardown_module() -> None:
-    LOOP.close()
-
-
-@pytest.fixture(scope="module", params=["process", "docker"])
-def backend(request):
-    if request.param == "process":
-        server = ForkServer()
-        yield server
-        server.close()
-    else:
-        docker = docker_backend_or_skip(containers=2)
-        yield docker
-        docker.close()
-
-
-def run(backend, program: str, tests, language: str = "python", entry_point=None, match=None, **limits):
+def run(sandbox, program: str, tests, language: str = "python", entry_point=None, match=None, **limits):
     request = ExecutionRequest(program=program, tests=tests, language=language, entry_point=entry_point,
                                match=match or OutputMatch(), limits=Limits(**{"wall_timeout_s": 10.0, **limits}))
-    return LOOP.run_until_complete(backend.execute(request))
+    return sandbox[1]([request])[0]
 
 
-def test_stdio_passes_and_names_the_failing_case(backend):
-    passed = run(backend, SUM, SUM_CASES)
+def test_stdio_passes_and_names_the_failing_case(sandbox):
+    passed = run(sandbox, SUM, SUM_CASES)
     assert passed.status is Status.passed, passed.detail
     assert [t.passed for t in passed.tests] == [True] * 4
-    wrong = run(backend, SUM.replace("a + b", "a + b if a < 100 else a - b"), SUM_CASES)
+    wrong = run(sandbox, SUM.replace("a + b", "a + b if a < 100 else a - b"), SUM_CASES)
     assert wrong.status is Status.failed
     assert [t.passed for t in wrong.tests] == [True, True, True, False]
     assert wrong.detail.startswith("case 3: wrong output: '999999999999")
     assert wrong.fraction_passed == 0.75
 
 
-def test_stdio_statuses(backend):
-    assert run(backend, "a, b = map(int, input().split()\n", SUM_CASES).status is Status.syntax_error
-    crash = run(backend, "raise ValueError('no input today')\n", SUM_CASES)
+def test_stdio_statuses(sandbox):
+    assert run(sandbox, "a, b = map(int, input().split()\n", SUM_CASES).status is Status.syntax_error
+    crash = run(sandbox, "raise ValueError('no input today')\n", SUM_CASES)
     assert crash.status is Status.runtime_error
     assert "ValueError: no input today" in crash.tests[0].error
     assert "ValueError: no input today" in crash.stderr  # the first failing case's stderr, for feedback
     # exit(0) after printing is how a contest program may end; a non-zero code is a runtime error
-    assert run(backend, SUM + "import sys\nsys.exit(0)\n", SUM_CASES).status is Status.passed
-    assert run(backend, SUM + "import sys\nsys.exit(3)\n", SUM_CASES).status is Status.runtime_error
-    assert run(backend, "x = bytearray(2**31)\n", SUM_CASES, memory_mb=256).status is Status.memory_exceeded
+    assert run(sandbox, SUM + "import sys\nsys.exit(0)\n", SUM_CASES).status is Status.passed
+    assert run(sandbox, SUM + "import sys\nsys.exit(3)\n", SUM_CASES).status is Status.runtime_error
+    assert run(sandbox, "x = bytearray(2**31)\n", SUM_CASES, memory_mb=256).status is Status.memory_exceeded
     main_guard = "def main():\n    print(sum(map(int, input().split())))\nif __name__ == '__main__':\n    main()\n"
-    assert run(backend, main_guard, SUM_CASES).status is Status.passed
+    assert run(sandbox, main_guard, SUM_CASES).status is Status.passed
 
 
-def test_each_case_has_its_own_time_limit_within_the_runs(backend):
+def test_each_case_has_its_own_time_limit_within_the_runs(sandbox):
     slow_on_big = "import time\na, b = map(int, input().split())\nif a > 100:\n    time.sleep(30)\nprint(a + b)\n"
-    result = run(backend, slow_on_big, SUM_CASES, case_timeout_s=0.5)
+    result = run(sandbox, slow_on_big, SUM_CASES, case_timeout_s=0.5)
     assert result.status is Status.timeout
     assert [t.passed for t in result.tests] == [True, True, True, False]
     assert result.tests[3].error == "exceeded the case time limit of 0.5 s"
     cases = [SUM_CASES[3]] + SUM_CASES[:3]  # the slow case first: the others still run and pass
-    result = run(backend, slow_on_big, cases, case_timeout_s=0.5)
+    result = run(sandbox, slow_on_big, cases, case_timeout_s=0.5)
     assert [t.passed for t in result.tests] == [False, True, True, True]
     # The run's own limit bounds them all: the cases it leaves are reported as not run.
-    result = run(backend, "import time\ntime.sleep(0.6)\n" + SUM, SUM_CASES * 3, case_timeout_s=1.0, wall_timeout_s=2.0)
+    result = run(sandbox, "import time\ntime.sleep(0.6)\n" + SUM, SUM_CASES * 3, case_timeout_s=1.0, wall_timeout_s=2.0)
     assert result.status is Status.timeout
     assert len(result.tests) == 12 and not any(t.passed for t in result.tests[4:])
     assert any((t.error or "").startswith("not run") for t in result.tests)
 
 
-def test_hundreds_of_cases_run_in_one_run(backend):
+def test_hundreds_of_cases_run_in_one_run(sandbox):
     cases = [IOTest(stdin=f"{i} {i}\n", stdout=f"{2 * i}\n") for i in range(300)]
     cases[217] = IOTest(stdin="217 217\n", stdout="0\n")
-    result = run(backend, SUM, cases, wall_timeout_s=30.0)
+    result = run(sandbox, SUM, cases, wall_timeout_s=30.0)
     assert result.status is Status.failed
     assert result.num_passed == 299 and not result.tests[217].passed
     assert result.detail.startswith("case 217: ")
 
 
-def test_each_case_starts_from_a_fresh_program(backend):
+def test_each_case_starts_from_a_fresh_program(sandbox):
     counter = "import sys\ncount = 0\ndef step():\n    global count\n    count += 1\n    return count\n" \
               "step()\nprint(count + int(input()))\n"
     cases = [IOTest(stdin=f"{i}\n", stdout=f"{i + 1}\n") for i in range(5)]
-    assert run(backend, counter, cases).status is Status.passed  # no state carried from case to case
+    assert run(sandbox, counter, cases).status is Status.passed  # no state carried from case to case
 
 
-def test_output_match_rules(backend):
+def test_output_match_rules(sandbox):
     floats = "print(f'{1/3:.9f}')\n"
-    assert run(backend, floats, [IOTest(stdout="0.333333333")]).status is Status.passed
-    assert run(backend, floats, [IOTest(stdout="0.3333334")]).status is Status.passed  # within 1e-6
-    assert run(backend, floats, [IOTest(stdout="0.3333334")],
+    assert run(sandbox, floats, [IOTest(stdout="0.333333333")]).status is Status.passed
+    assert run(sandbox, floats, [IOTest(stdout="0.3333334")]).status is Status.passed  # within 1e-6
+    assert run(sandbox, floats, [IOTest(stdout="0.3333334")],
                match=OutputMatch(float_tolerance=None)).status is Status.failed
     spaced = "print('1  2 ')\nprint()\n"
-    assert run(backend, spaced, [IOTest(stdout="1 2")]).status is Status.passed
-    assert run(backend, spaced, [IOTest(stdout="1 2")], match=OutputMatch(mode="lines")).status is Status.failed
-    assert run(backend, spaced, [IOTest(stdout="1  2")], match=OutputMatch(mode="lines")).status is Status.passed
-    assert run(backend, spaced, [IOTest(stdout="1  2 \n\n")], match=OutputMatch(mode="exact")).status is Status.passed
+    assert run(sandbox, spaced, [IOTest(stdout="1 2")]).status is Status.passed
+    assert run(sandbox, spaced, [IOTest(stdout="1 2")], match=OutputMatch(mode="lines")).status is Status.failed
+    assert run(sandbox, spaced, [IOTest(stdout="1  2")], match=OutputMatch(mode="lines")).status is Status.passed
+    assert run(sandbox, spaced, [IOTest(stdout="1  2 \n\n")], match=OutputMatch(mode="exact")).status is Status.passed
 
 
-def test_call_cases(backend):
+def test_call_cases(sandbox):
     add = "def add(a, b):\n    return a + b\n"
     cases = [CallTest(args=[1, 2], accepted=[3]), CallTest(args=[0.1, 0.2], accepted=[0.3]),
              CallTest(args=[[1], [2]], accepted=[[1, 2]])]
-    assert run(backend, add, cases, entry_point="add").status is Status.passed
-    wrong = run(backend, add.replace("a + b", "a * b"), cases, entry_point="add")
+    assert run(sandbox, add, cases, entry_point="add").status is Status.passed
+    wrong = run(sandbox, add.replace("a + b", "a * b"), cases, entry_point="add")
     assert wrong.status is Status.failed and [t.passed for t in wrong.tests] == [False, False, False]
     assert wrong.tests[0].error == "wrong result: 2"
     solution = "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n" \
                "        for i, n in enumerate(nums):\n            if target - n in seen:\n" \
                "                return (seen[target - n], i)\n            seen[n] = i\n"
     leetcode = [CallTest(args=[[2, 7, 11, 15], 9], accepted=[[0, 1]]), CallTest(args=[[3, 2, 4], 6], accepted=[[1, 2]])]
-    assert run(backend, solution, leetcode, entry_point="twoSum").status is Status.passed  # a tuple equals its list
+    assert run(sandbox, solution, leetcode, entry_point="twoSum").status is Status.passed  # a tuple equals its list
     # APPS accepts its expected list or its first item
-    assert run(backend, "def f(x):\n    return x\n", [CallTest(args=[5], accepted=[[5], 5])],
+    assert run(sandbox, "def f(x):\n    return x\n", [CallTest(args=[5], accepted=[[5], 5])],
                entry_point="f").status is Status.passed
     typed = "class Solution:\n    def add(self, a: int, b: List[int]) -> Optional[int]:\n        return a + sum(b)\n"
-    assert run(backend, typed, [CallTest(args=[1, [2, 3]], accepted=[6])], entry_point="add").status is Status.passed
-    missing = run(backend, "x = 1\n", cases[:1], entry_point="add")
+    assert run(sandbox, typed, [CallTest(args=[1, [2, 3]], accepted=[6])], entry_point="add").status is Status.passed
+    missing = run(sandbox, "x = 1\n", cases[:1], entry_point="add")
     assert missing.status is Status.failed and "neither add nor class Solution" in missing.tests[0].error
-    slow = run(backend, "import time\ndef add(a, b):\n    if a > 0:\n        time.sleep(30)\n    return a + b\n",
+    slow = run(sandbox, "import time\ndef add(a, b):\n    if a > 0:\n        time.sleep(30)\n    return a + b\n",
                [CallTest(args=[0, 1], accepted=[1]), CallTest(args=[1, 1], accepted=[2]), CallTest(args=[0, 2], accepted=[2])],
                entry_point="add", case_timeout_s=0.5)
     assert slow.status is Status.timeout and [t.passed for t in slow.tests] == [True, False, False]
     assert slow.tests[1].error == "exceeded the case time limit of 0.5 s"
 
 
-def test_cpp_cases_follow_the_same_rules(backend):
+def test_cpp_cases_follow_the_same_rules(sandbox):
     program = "#include <cstdio>\n#include <unistd.h>\nint main(){long a,b;scanf(\"%ld %ld\",&a,&b);" \
               "if(a>100) sleep(30); printf(\"%ld\\n\",a+b);}\n"
-    result = run(backend, program, SUM_CASES, language="cpp", case_timeout_s=0.5, wall_timeout_s=30.0)
+    result = run(sandbox, program, SUM_CASES, language="cpp", case_timeout_s=0.5, wall_timeout_s=30.0)
     assert result.status is Status.timeout, result.detail
     assert [t.passed for t in result.tests] == [True, True, True, False]
     floats = "#include <cstdio>\nint main(){printf(\"%.9f\\n\", 1.0/3);}\n"
-    assert run(backend, floats, [IOTest(stdout="0.3333334")], language="cpp", wall_timeout_s=30.0).status is Status.passed
+    assert run(sandbox, floats, [IOTest(stdout="0.3333334")], language="cpp", wall_timeout_s=30.0).status is Status.passed
 
 
 JS_SUM = "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n"
 
 
-def test_javascript_stdio_cases(backend):
-    passed = run(backend, JS_SUM, SUM_CASES[:3], language="javascript")
+def test_javascript_stdio_cases(sandbox):
+    passed = run(sandbox, JS_SUM, SUM_CASES[:3], language="javascript")
     assert passed.status is Status.passed, (passed.detail, passed.stderr[-300:])
-    wrong = run(backend, JS_SUM.replace("a + b", "a - b"), SUM_CASES[:3], language="javascript")
+    wrong = run(sandbox, JS_SUM.replace("a + b", "a - b"), SUM_CASES[:3], language="javascript")
     assert wrong.status is Status.failed and wrong.detail.startswith("case 0: wrong output")
-    broken = run(backend, "const x = ;\n", SUM_CASES[:3], language="javascript")
+    broken = run(sandbox, "const x = ;\n", SUM_CASES[:3], language="javascript")
     assert broken.status is Status.syntax_error and "SyntaxError" in broken.detail
-    thrown = run(backend, "throw new RangeError('not today');\n", SUM_CASES[:1], language="javascript")
+    thrown = run(sandbox, "throw new RangeError('not today');\n", SUM_CASES[:1], language="javascript")
     assert thrown.status is Status.runtime_error and "RangeError: not today" in thrown.tests[0].error
-    slow = run(backend, "while (true) {}\n", SUM_CASES[:2], language="javascript", case_timeout_s=0.5)
+    slow = run(sandbox, "while (true) {}\n", SUM_CASES[:2], language="javascript", case_timeout_s=0.5)
     assert slow.status is Status.timeout and slow.tests[1].error == "exceeded the case time limit of 0.5 s"
 
 
-def test_javascript_call_cases(backend):
+def test_javascript_call_cases(sandbox):
     add = "function add(a, b) {\n  console.log('the program may print');\n  return a + b;\n}\n"
     cases = [CallTest(args=[1, 2], accepted=[3]), CallTest(args=[0.1, 0.2], accepted=[0.3])]
-    assert run(backend, add, cases, language="javascript", entry_point="add").status is Status.passed
-    wrong = run(backend, add.replace("a + b", "a * b"), cases, language="javascript", entry_point="add")
+    assert run(sandbox, add, cases, language="javascript", entry_point="add").status is Status.passed
+    wrong = run(sandbox, add.replace("a + b", "a * b"), cases, language="javascript", entry_point="add")
     assert wrong.status is Status.failed and wrong.tests[0].error == "wrong result: 2"
     solution = "class Solution {\n  twoSum(nums, target) {\n    const seen = new Map();\n" \
                "    for (let i = 0; i < nums.length; i++) {\n      if (seen.has(target - nums[i])) return [seen.get(target - nums[i]), i];\n" \
                "      seen.set(nums[i], i);\n    }\n  }\n}\n"
     leetcode = [CallTest(args=[[2, 7, 11, 15], 9], accepted=[[0, 1]]), CallTest(args=[[3, 2, 4], 6], accepted=[[1, 2]])]
-    assert run(backend, solution, leetcode, language="javascript", entry_point="twoSum").status is Status.passed
+    assert run(sandbox, solution, leetcode, language="javascript", entry_point="twoSum").status is Status.passed
     exported = "module.exports.add = (a, b) => a + b;\n"
-    assert run(backend, exported, cases[:1], language="javascript", entry_point="add").status is Status.passed
-    missing = run(backend, "const x = 1;\n", cases[:1], language="javascript", entry_point="add")
+    assert run(sandbox, exported, cases[:1], language="javascript", entry_point="add").status is Status.passed
+    missing = run(sandbox, "const x = 1;\n", cases[:1], language="javascript", entry_point="add")
     assert missing.status is Status.runtime_error and "neither add nor class Solution" in missing.tests[0].error
 
 
