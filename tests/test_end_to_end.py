@@ -150,6 +150,26 @@ def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
     assert report["pass@1"] == 0.0  # an untrained model passes nothing
 
 
+def test_mixed_preset_trains_and_evaluates_function_and_stdin_tasks(ray_cluster, tiny_model, tmp_path):
+    """configs/mixed.yaml for two steps: stdin/stdout tasks go through the reward service's handle,
+    the sandbox pool and the learner like the function ones, and every evaluation reports the pass
+    rate of each kind."""
+    out = tmp_path / "mixed"
+    config = load_config("configs/mixed.yaml", [
+        f"model.path={tiny_model}", f"train.output_dir={out}", "sft.steps=20", "sft.batch_size=16",
+        "train.steps=2", "train.prompts_per_step=16", "train.eval_every=0", "train.checkpoint_every=0",
+        "rollout.samples_per_prompt=4", "eval.sampled=false",
+    ])
+    summary = train(config)
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records if r["phase"] == "rl"] == [1, 2]
+    for stage in ("base", "after_sft", "final"):
+        assert set(summary[stage]["by_kind"]) == {"assert", "stdio"}, stage
+        assert all(0.0 <= rate <= 1.0 for rate in summary[stage]["by_kind"].values())
+    families = set(summary["final"]["by_family"])
+    assert {f for f in families if f.startswith("synthetic-stdio/")} and {f for f in families if f.startswith("synthetic/")}
+
+
 def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_cluster, tiny_model, tmp_path):
     """configs/dapo.yaml on a short run with one step's rollouts in flight: steps whose groups are
     mostly uniform draw more prompts, up to max_refill_rounds rounds, while the next step's rollouts
