@@ -63,6 +63,11 @@ def _unfenced_code(completion: str) -> Extraction:
     return _span(completion, offsets[first], offsets[last + 1])
 
 
+def never_answered(completion: str) -> bool:
+    """A completion that opened a <think> and never closed it: it has no answer at all."""
+    return _answer_start(completion) is None
+
+
 def _answer_start(completion: str) -> int | None:
     """Where the answer of a completion begins: after the last </think>, or at 0 when it does not
     think; None when it opened a <think> that never closed (it has no answer)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import ray
 
-from reward_service.extract import Extraction, extract
+from reward_service.extract import Extraction, extract, never_answered
 from reward_service.lint import ruff_check, syntax_error
 from reward_service.schemas import Components, Diagnostic, ItemReward
 from reward_service.tasks import Task
@@ -36,15 +36,16 @@ class Analysis:
     syntax_error: Diagnostic | None
 
 
-# An answer without code (empty, or a <think> that never closed) runs nothing: it is scored as a
-# program that does not compile, without going to the sandbox.
+# An answer without code (a <think> that never closed, or an empty answer to a prose prompt) runs
+# nothing: it is scored as a program that does not compile, without going to the sandbox. (An empty
+# continuation of a code prompt leaves the prompt's own stub, which runs as it always has.)
 NO_CODE = Diagnostic(code="syntax", message="no code in the answer", row=1, column=1, end_row=1, end_column=2)
 
 
 def analyse(task: Task, completion: str) -> Analysis:
     extraction = extract(completion, task.prompt_is_code, task.entry_point, task.language)
     program = task.program(extraction.code)
-    if not extraction.code.strip():
+    if never_answered(completion) or (not extraction.code.strip() and not task.prompt_is_code):
         return Analysis(extraction, program, NO_CODE)
     # Only Python is checked here; the sandbox compiles C++ and reports its errors, and Node reports
     # a JavaScript syntax error as the program's.

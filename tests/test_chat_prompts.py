@@ -2,7 +2,6 @@
 answers after a <think> block and in other languages' fences (reward_service/extract.py), an
 answer without code, SFT examples of a chat model, and a tiny ChatML model generating from a
 rendered prompt with the transformers backend."""
-import itertools
 
 import pytest
 
@@ -188,9 +187,11 @@ def test_an_answer_without_code_does_not_compile_and_never_reaches_the_sandbox(r
             return []
 
     scorer = RewardScorer(NoPool(), Limits(), RewardWeights())
-    for task, completion in itertools.product(
-            (CODE_TASK, CODE_TASK.model_copy(update={"prompt_is_code": False})),
-            ("<think>\nlet me see, ```python\ndef solve(x):\n    return x + 1\n```", "", "\n  \n")):
+    prose = CODE_TASK.model_copy(update={"prompt_is_code": False})
+    unclosed = "<think>\nlet me see, ```python\ndef solve(x):\n    return x + 1\n```"
+    # an empty continuation of a code prompt leaves the prompt's stub, a program like any other
+    assert analyse(CODE_TASK, "").syntax_error is None
+    for task, completion in [(CODE_TASK, unclosed), (prose, unclosed), (prose, ""), (prose, "\n  \n")]:
         assert analyse(task, completion).syntax_error == NO_CODE
         [reward] = scorer.score([task], [completion])
         assert (reward.components.syntax, reward.components.functionality, reward.total, reward.passed) == (0.0, 0.0, 0.0, False)
