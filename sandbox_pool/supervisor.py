@@ -64,6 +64,7 @@ COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
 # RLIMIT_AS. Its heap is bounded by --max-old-space-size at the task's memory limit instead, and
 # (where there is one) by the run's memory cgroup.
 NODE_MEMORY_MB = 2048
+NODE_OUT_OF_MEMORY = b"JavaScript heap out of memory"  # V8's last words at the heap limit
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_harness.js")) as _f:
     CALL_HARNESS = _f.read()
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -272,7 +273,10 @@ class Run:
             if watched["timed_out"]:
                 break
             got = self.output[self.stdout].decode("utf-8", "replace")
-            if ran["signal"] is not None or ran["exit_code"] != 0:
+            if language == "javascript" and NODE_OUT_OF_MEMORY in self.output[self.stderr]:
+                # V8 ends the process itself at --max-old-space-size (SIGABRT), before any cgroup would
+                outcomes.append({"passed": False, "end": "memory", "error": "ran out of memory (JavaScript heap)"})
+            elif ran["signal"] is not None or ran["exit_code"] != 0:
                 how = f"signal {ran['signal']}" if ran["signal"] is not None else f"exit code {ran['exit_code']}"
                 stderr = self.output[self.stderr].decode("utf-8", "replace").strip().splitlines()
                 said = next((line.strip() for line in reversed(stderr) if "Error" in line), stderr[-1] if stderr else "")

@@ -85,7 +85,7 @@ def test_killed_rollout_worker_and_reward_replica_do_not_stop_training(ray_clust
     assert all(r["samples"] == 16 for r in steps)  # no sample lost or counted twice
     # the worker came back: its in-flight prompts were generated again, or it was restored at a push
     assert sum(r["rollout_retries"] for r in steps) >= 1 or summary["policy_version"] > 7
-    assert set(summary["final"]) == set(summary["after_sft"]) == {"greedy_pass@1", "by_difficulty", "by_family"}
+    assert set(summary["final"]) == set(summary["after_sft"]) == {"greedy_pass@1", "by_difficulty", "by_family", "by_kind"}
 
 
 KILL_AFTER_CHECKPOINT = """
