@@ -828,20 +828,20 @@ class Cases:
             os.close(case_fd)
             if stdin_w in pipes:
                 os.close(stdin_w)
-        outcome = self.judge(test, match, ended or {}, timed_out, started_at, deadline, run.oom_count() > oom_before)
+        outcome = self.judge(test, match, ended or {}, timed_out, deadline, run.oom_count() > oom_before)
         run.output_exceeded = False
         outcome["stdout"] = run.output[run.stdout][-run.tail_bytes:].decode("utf-8", "replace")
         outcome["stderr"] = run.output[run.stderr][-run.tail_bytes:].decode("utf-8", "replace")
         return outcome
 
-    def judge(self, test: dict, match: dict, ended: dict, timed_out: bool, started_at: float, deadline: float,
+    def judge(self, test: dict, match: dict, ended: dict, timed_out: bool, deadline: float,
               oom: bool) -> dict:
         run = self.run_
         limits = run.limits
         code, sig, cpu_s = ended.get("exit_code"), ended.get("signal"), ended.get("cpu_s") or 0.0
 
         def outcome(end, error=None):
-            return {"passed": end == "ok", "end": end, "error": error, "seconds": round(time.monotonic() - started_at, 4)}
+            return {"passed": end == "ok", "end": end, "error": error}
 
         if timed_out:
             if limits.get("case_timeout_s") and deadline < run.deadline:
