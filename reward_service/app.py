@@ -1,5 +1,5 @@
-"""The reward service as a Ray Serve application: FastAPI over HTTP, and `score` for a
-DeploymentHandle (the controller's path, no HTTP).
+"""The reward service as a Ray Serve application: FastAPI over HTTP, and `score` (and `run`, the
+code interpreter) for a DeploymentHandle (the controller's path, no HTTP).
 
     handle = serve.run(build_app(ServiceConfig()), name="rewards", route_prefix="/")
     response = handle.score.remote(RewardRequest(items=[...])).result()
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -22,12 +24,14 @@ from ray import serve
 
 from reward_service.attribution import token_rewards
 from reward_service.config import ServiceConfig
-from reward_service.schemas import RewardRequest, RewardResponse
+from reward_service.interpreter import run_request, run_results
+from reward_service.schemas import RewardRequest, RewardResponse, RunRequest, RunResponse
 from reward_service.scorer import RewardScorer, SandboxInfraError
 from reward_service.tasks import Task, load_jsonl
 from sandbox_pool import SandboxPool
 
 app = FastAPI(title="coderloo reward service", version="1")
+Answer = TypeVar("Answer")
 
 
 @app.middleware("http")
@@ -71,7 +75,7 @@ class RewardService:
         self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights)
         self.metrics = Metrics()
 
-    def _resolve(self, request: RewardRequest) -> list[Task]:
+    def _resolve(self, request: RewardRequest | RunRequest) -> list[Task]:
         """Each item's task; a bad request raises HTTPException (4xx) before anything runs."""
         if len(request.items) > self.config.max_batch:
             raise HTTPException(413, f"batch of {len(request.items)} items is over the limit of {self.config.max_batch}")
@@ -80,14 +84,17 @@ class RewardService:
             task = item.task or self.tasks.get(item.task_id)
             if task is None:
                 raise HTTPException(404, f"items[{i}]: unknown task id {item.task_id!r}")
+            tasks.append(task)
+        return tasks
+
+    def _check_token_ids(self, request: RewardRequest) -> None:
+        for i, item in enumerate(request.items):
             if item.completion_token_ids is not None and self.tokenizer is None:
                 raise HTTPException(422, f"items[{i}]: completion_token_ids given, but the service has no tokenizer")
             if item.completion_token_ids and max(item.completion_token_ids) >= len(self.tokenizer):
                 raise HTTPException(
                     422, f"items[{i}]: completion_token_ids holds {max(item.completion_token_ids)}, over the vocabulary of {len(self.tokenizer)}"
                 )
-            tasks.append(task)
-        return tasks
 
     def _score(self, request: RewardRequest, tasks: list[Task]) -> RewardResponse:
         rewards = self.scorer.score(tasks, [item.completion for item in request.items])
@@ -101,13 +108,26 @@ class RewardService:
     async def score(self, request: RewardRequest) -> RewardResponse:
         """Score a batch (the handle's entry point). Scoring blocks on the pool: it runs in a thread
         so the replica keeps answering health checks and other requests meanwhile."""
-        return await asyncio.to_thread(self._score, request, self._resolve(request))
+        tasks = self._resolve(request)
+        self._check_token_ids(request)
+        return await asyncio.to_thread(self._score, request, tasks)
 
-    @app.post("/v1/rewards", response_model=RewardResponse)
-    async def rewards(self, request: RewardRequest) -> RewardResponse:
+    def _run(self, request: RunRequest, tasks: list[Task]) -> RunResponse:
+        limits = self.config.limits
+        requests = [run_request(t, item.program, item.stdin, limits) for t, item in zip(tasks, request.items, strict=True)]
+        results = self.pool.run(requests)
+        return RunResponse(items=run_results(tasks, results, limits))
+
+    async def run(self, request: RunRequest) -> RunResponse:
+        """Run each program once with no tests, for what it printed and how it ended (the code
+        interpreter; the handle's entry point). In a thread, as `score`."""
+        return await asyncio.to_thread(self._run, request, self._resolve(request))
+
+    async def _answer(self, path: str, answer: Awaitable[Answer]) -> Answer:
+        """An HTTP route's answer, with its metrics; a sandbox failure is a 503."""
         start, code = time.perf_counter(), 200
         try:
-            return await self.score(request)
+            return await answer
         except HTTPException as e:
             code = e.status_code
             raise
@@ -115,8 +135,16 @@ class RewardService:
             code = 503
             raise HTTPException(503, str(e)) from None
         finally:
-            self.metrics.requests.labels("/v1/rewards", str(code)).inc()
-            self.metrics.latency.labels("/v1/rewards").observe(time.perf_counter() - start)
+            self.metrics.requests.labels(path, str(code)).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - start)
+
+    @app.post("/v1/rewards", response_model=RewardResponse)
+    async def rewards(self, request: RewardRequest) -> RewardResponse:
+        return await self._answer("/v1/rewards", self.score(request))
+
+    @app.post("/v1/run", response_model=RunResponse)
+    async def interpret(self, request: RunRequest) -> RunResponse:
+        return await self._answer("/v1/run", self.run(request))
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, str]:

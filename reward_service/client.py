@@ -1,4 +1,5 @@
-"""Starting the reward service for a training run, and scoring through its Serve handle (no HTTP)."""
+"""Starting the reward service for a training run, and scoring (and running programs: the code
+interpreter) through its Serve handle (no HTTP)."""
 from __future__ import annotations
 
 import time
@@ -10,10 +11,11 @@ from common.placement import free_port
 from reward_service.tasks import Task
 from reward_service.app import build_app
 from reward_service.config import ServiceConfig
-from reward_service.schemas import ItemReward, RewardItem, RewardRequest
+from reward_service.schemas import ItemReward, RewardItem, RewardRequest, RunItem, RunRequest, RunResult
 
 APP_NAME = "coderloo-rewards"
 RETRIES = 5
+Pending = list[tuple[RewardRequest | RunRequest, object]]  # requests sent, each with the service's answer to come
 
 
 class RewardClient:
@@ -36,7 +38,7 @@ class RewardClient:
 
     def submit(
         self, tasks: list[Task], completions: list[str], token_ids: list[list[int]] | None = None
-    ) -> list[tuple[RewardRequest, object]]:
+    ) -> Pending:
         """Send the requests now; `collect` waits for them. With each completion's `token_ids`
         (the service needs a tokenizer: `per_token`), each reward has per-token rewards too."""
         ids = token_ids if token_ids is not None else [None] * len(completions)
@@ -44,12 +46,27 @@ class RewardClient:
             RewardItem(task=t, completion=c, completion_token_ids=i)
             for t, c, i in zip(tasks, completions, ids, strict=True)
         ]
-        requests = [RewardRequest(items=items[i : i + self.max_batch]) for i in range(0, len(items), self.max_batch)]
-        return [(request, self.handle.score.remote(request)) for request in requests]
+        return self._send_batches(RewardRequest, items)
 
-    def collect(self, pending: list[tuple[RewardRequest, object]]) -> list[ItemReward]:
-        """The rewards of submitted requests, in order. A request whose replica died is sent again
-        (scoring has no side effects), up to `RETRIES` times while Serve replaces the replica."""
+    def run(self, tasks: list[Task], programs: list[str]) -> list[RunResult]:
+        """Run each (task, program) once with no tests (the code interpreter): what it printed and
+        how it ended, in order."""
+        items = [RunItem(task=t, program=p) for t, p in zip(tasks, programs, strict=True)]
+        return self.collect(self._send_batches(RunRequest, items))
+
+    def _send_batches(self, request_type: type[RewardRequest | RunRequest], items: list) -> Pending:
+        """Send `items` as requests of at most `max_batch` items, all at once."""
+        requests = [request_type(items=items[i : i + self.max_batch]) for i in range(0, len(items), self.max_batch)]
+        return [(request, self._send(request)) for request in requests]
+
+    def _send(self, request: RewardRequest | RunRequest):
+        """The service's entry point for the request's kind."""
+        entry = self.handle.run if isinstance(request, RunRequest) else self.handle.score
+        return entry.remote(request)
+
+    def collect(self, pending: Pending) -> list[ItemReward] | list[RunResult]:
+        """The answers of submitted requests, in order. A request whose replica died is sent again
+        (scoring and runs have no side effects), up to `RETRIES` times while Serve replaces the replica."""
         out = []
         for request, response in pending:
             for attempt in range(RETRIES + 1):
@@ -61,7 +78,7 @@ class RewardClient:
                         raise RuntimeError(f"reward service: a request failed {RETRIES + 1} times, last: {e}") from e
                     self.retries += 1
                     time.sleep(min(2.0 * (attempt + 1), 10.0))
-                    response = self.handle.score.remote(request)
+                    response = self._send(request)
         return out
 
     def close(self) -> None:

@@ -12,21 +12,27 @@ from sandbox_pool import Status
 
 MAX_COMPLETION_CHARS = 64_000
 MAX_TOKENS = 32_768
+MAX_STDIN_CHARS = 64 * 1024
 
 
-class RewardItem(Section):
+class TaskItem(Section):
+    """An item about one task: the task itself, or its id."""
+
     task: Task | None = Field(None, description="The full task; or give task_id.")
     task_id: str | None = Field(None, min_length=1, description="Id of a task in the task sets the service was configured with.")
+
+    @model_validator(mode="after")
+    def _one_task(self) -> "TaskItem":
+        if (self.task is None) == (self.task_id is None):
+            raise ValueError("give exactly one of task and task_id")
+        return self
+
+
+class RewardItem(TaskItem):
     completion: str = Field(max_length=MAX_COMPLETION_CHARS, description="The model's completion, as text.")
     completion_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, max_length=MAX_TOKENS, description="The completion's token ids; per-token rewards are returned when given."
     )
-
-    @model_validator(mode="after")
-    def _one_task(self) -> "RewardItem":
-        if (self.task is None) == (self.task_id is None):
-            raise ValueError("give exactly one of task and task_id")
-        return self
 
 
 class RewardRequest(Section):
@@ -76,3 +82,28 @@ class ItemReward(BaseModel):
 
 class RewardResponse(BaseModel):
     items: list[ItemReward]
+
+
+class RunItem(TaskItem):
+    """A program to run once, with no tests, in the task's language and under its limits."""
+
+    program: str = Field(max_length=MAX_COMPLETION_CHARS, description="The whole program, as it is to run.")
+    stdin: str = Field("", max_length=MAX_STDIN_CHARS, description="What the program reads on its standard input.")
+
+
+class RunRequest(Section):
+    items: list[RunItem] = Field(min_length=1, description="Programs to run (at most the service's max_batch).")
+
+
+class RunResult(BaseModel):
+    status: Status = Field(description="passed: it ended on its own with code 0 (what it printed is not judged); "
+                           "else how the sandbox classed its end.")
+    stdout: str = Field(description="The end of what the program wrote on stdout (the sandbox's tail).")
+    stderr: str = Field(description="The end of what it wrote on stderr: a Python traceback, a compiler's errors.")
+    exit: str = Field(description="How it ended, in a short sentence: 'exited normally', 'raised ValueError: bad', "
+                      "'exited with code 3', 'timed out after 2 s', 'ran out of memory (512 MiB)'.")
+    duration_s: float
+
+
+class RunResponse(BaseModel):
+    items: list[RunResult]

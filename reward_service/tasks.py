@@ -75,17 +75,20 @@ class Task(BaseModel):
         """The program that is executed for a completion's extracted code."""
         return self.prompt + code if self.prompt_is_code else code
 
-    def execution_request(self, program: str, limits: Limits) -> ExecutionRequest:
-        """The sandbox request that runs `program` against this task's tests."""
+    def run_limits(self, limits: Limits) -> Limits:
+        """`limits` with this task's own time limit (per case) and memory limit (never below `limits`')."""
         overrides = {}
         if self.time_limit_s is not None:
             overrides["case_timeout_s"] = self.time_limit_s
         if self.memory_mb is not None:
             overrides["memory_mb"] = max(limits.memory_mb, self.memory_mb)
+        return limits.model_copy(update=overrides) if overrides else limits
+
+    def execution_request(self, program: str, limits: Limits) -> ExecutionRequest:
+        """The sandbox request that runs `program` against this task's tests."""
         return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
                                 entry_point=self.entry_point if self.language != "cpp" else None,
-                                language=self.language, match=self.match,
-                                limits=limits.model_copy(update=overrides) if overrides else limits)
+                                language=self.language, match=self.match, limits=self.run_limits(limits))
 
 
 Record = dict[str, Any]
