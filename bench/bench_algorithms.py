@@ -13,9 +13,10 @@ same seed and sampling), each evaluated at its end on the held-out tasks:
   samples (pass@1_random), a majority vote and a critic-weighted vote among them, and its
   held-out accuracy and AUC at the last step.
 - rloo+dense: learner.dense_rewards, the reward service's per-token rewards on top of RLOO.
-- rloo+refine: refine.enabled, up to 3 attempts per sample from execution feedback, RLOO over each
-  trajectory's outcome; evaluation reports pass@1 after rounds 1, 2 and 3. (It generates more than
-  the others per step: the failed samples' rewrites.)
+- rloo+refine: configs/refine.yaml, up to 3 attempts per sample from execution feedback, RLOO over
+  each trajectory's outcome, its SFT with refinement demonstrations; evaluation reports pass@1
+  after rounds 1, 2 and 3 (bench/bench_multi_turn.py sets it against single turns and the code
+  interpreter). (It generates more than the others per step: the failed samples' rewrites.)
 - reinforce: no baseline at all (learner.advantage_estimator=reinforce, no whitening, which would
   subtract the batch mean): what the leave-one-out baseline buys.
 - ppo+dense: configs/ppo.yaml without its KL term: a value model (its own engine) and GAE over the
@@ -43,7 +44,7 @@ STEPS = int(os.environ.get("BENCH_ALGORITHMS_STEPS", "60"))
 VARIANTS = {  # name: (config file, overrides)
     "rloo": ("configs/default.yaml", ["critic.enabled=true"]),
     "rloo+dense": ("configs/default.yaml", ["learner.dense_rewards=true"]),
-    "rloo+refine": ("configs/default.yaml", ["refine.enabled=true", "refine.rounds=3"]),
+    "rloo+refine": ("configs/refine.yaml", []),
     "reinforce": ("configs/default.yaml", ["learner.advantage_estimator=reinforce", "learner.normalize_advantages=false"]),
     "ppo+dense": ("configs/ppo.yaml", ["learner.kl_coef=0"]),
     "ppo+dense+shared": ("configs/ppo.yaml", ["learner.kl_coef=0", "learner.value_model=shared"]),
@@ -53,9 +54,9 @@ VARIANTS = {  # name: (config file, overrides)
 }
 
 
-def run(path: str, overrides: list[str], out: str) -> dict:
+def run(path: str, overrides: list[str], out: str, steps: int = STEPS) -> dict:
     config = load_config(path, [
-        f"train.output_dir={out}", f"train.steps={STEPS}", "train.eval_every=0", "train.checkpoint_every=0",
+        f"train.output_dir={out}", f"train.steps={steps}", "train.eval_every=0", "train.checkpoint_every=0",
         "train.max_staleness=0", *overrides,
     ])
     summary = train(config)

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "trl": "bench.bench_trl",
     "lora": "bench.bench_lora",
     "algorithms": "bench.bench_algorithms",
+    "multi_turn": "bench.bench_multi_turn",
 }
 RESULTS_DIR = Path(__file__).resolve().parent
 

@@ -52,7 +52,7 @@ def _eval(args, config) -> int:
     from common.hf import load_tokenizer
     from reward_service.client import RewardClient
     from rollout_workers import RolloutGroup, start_workers
-    from rollout_workers.strategies import make_strategy
+    from rollout_workers.strategies import SingleAttempt, make_strategy
 
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
     after = args.after or config.eval.after
@@ -88,12 +88,14 @@ def _eval(args, config) -> int:
         workers = start_workers(model, config.rollout, config.learner.seed, lora_rank=adapter_rank)
         if adapter:
             ray.get([w.load_adapter.remote(adapter) for w in workers])
-        strategy = make_strategy(RolloutGroup(workers), rewards_service, config.refine, load_tokenizer(model), config.prompt)
+        group, tokenizer = RolloutGroup(workers), load_tokenizer(model)
+        strategy = make_strategy(group, rewards_service, config.env, tokenizer, config.prompt)
+        single = SingleAttempt(group, rewards_service, tokenizer, config.prompt) if config.env.multi_turn else None
         try:
             for name, (tasks, stop) in suites.items():
                 started = time.monotonic()
                 metrics = evaluate(strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                                   stop, seed=config.train.seed, label=name)
+                                   stop, seed=config.train.seed, label=name, single=single)
                 results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
         finally:
             console.ending()

@@ -21,7 +21,7 @@ from coderloo.tasksets.competitive import ColumnMapping
 from common.config import Section
 from learner.config import CriticConfig, LearnerConfig
 from reward_service.config import ServiceConfig
-from rollout_workers.config import PromptConfig, RefineConfig, RolloutConfig
+from rollout_workers.config import EnvConfig, PromptConfig, RolloutConfig
 
 
 class ModelConfig(Section):
@@ -81,6 +81,12 @@ class SFTConfig(Section):
     steps: int = Field(default=115, ge=0, description="Supervised steps on reference solutions before RL (0: none).")
     batch_size: int = Field(default=32, ge=1, description="Reference solutions per SFT step.")
     lr: float = Field(default=1e-3, gt=0, description="Learning rate of the SFT phase.")
+    demonstrations: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Share of each SFT batch that is multi-turn demonstrations of env.name, built from the training tasks "
+        "and run for real (rollout_workers/demonstrations.py): refine and public_tests, a wrong attempt (a mutant of the "
+        "reference), its feedback and the fix; interpreter, a probe, its output and the answer.",
+    )
 
 
 class EvalConfig(Section):
@@ -173,7 +179,11 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Prompt selection by running pass rate.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="An outcome critic trained online on the scored samples.")
-    refine: RefineConfig = Field(default_factory=RefineConfig, description="Multi-round refinement from execution feedback (rollout_workers/strategies.py).")
+    env: EnvConfig = Field(
+        default_factory=EnvConfig,
+        description="The environment of a trajectory: one attempt, or several turns with refinement from execution feedback, "
+        "a code interpreter, or self-repair on public tests (rollout_workers/environments.py).",
+    )
     prompt: PromptConfig = Field(
         default_factory=PromptConfig,
         description="How tasks become prompts for generation, evaluation and SFT: as they are, or through the model's "
@@ -186,6 +196,14 @@ class Config(Section):
         description="Local cluster only: port of Ray's Prometheus endpoint on 127.0.0.1 (None: a free one, printed at "
         "start). On a cluster, `ray start --metrics-export-port` sets it (cluster.yaml).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refine_moved(cls, data):
+        if isinstance(data, dict) and "refine" in data:
+            raise ValueError("refine: the section is now env (refine.enabled true, refine.rounds R -> env.name refine, "
+                             "env.max_turns R; refine.feedback_chars -> env.feedback_chars)")
+        return data
 
     @model_validator(mode="after")
     def _metrics_port_local(self) -> "Config":
@@ -217,10 +235,16 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _refine_sequence_rewards(self) -> "Config":
-        if self.refine.enabled and self.learner.dense_rewards:
-            raise ValueError("refine.enabled and learner.dense_rewards are not supported together: a trajectory's "
-                             "attempts share its sequence advantage; turn one of them off")
+    def _multi_turn_rewards(self) -> "Config":
+        if self.sft.demonstrations and not self.env.multi_turn:
+            raise ValueError("sft.demonstrations: multi-turn demonstrations are of an environment; set env.name "
+                             "(refine, interpreter, public_tests) or sft.demonstrations 0")
+        if self.env.multi_turn and self.learner.dense_rewards:
+            raise ValueError(f"env.name {self.env.name} and learner.dense_rewards are not supported together: a trajectory's "
+                             "turns share its sequence advantage; turn one of them off")
+        if self.env.train_as == "concat" and self.learner.overlong_buffer:
+            raise ValueError("env.train_as concat with learner.overlong_buffer: the overlong penalty is of a turn's length, "
+                             "and a concatenated trajectory holds several turns and observations; train_as turns")
         return self
 
     @model_validator(mode="after")

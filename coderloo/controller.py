@@ -47,7 +47,9 @@ from reward_service.schemas import ItemReward
 from rollout_workers import GenerationParams, RolloutGroup, Rollouts, WeightSyncError, start_workers
 from rollout_workers.config import PromptConfig
 from rollout_workers.prompts import chat_answer, render, uses_chat_template
-from rollout_workers.strategies import make_strategy
+from rollout_workers.demonstrations import demonstrations
+from rollout_workers.environments import make_environment
+from rollout_workers.strategies import SingleAttempt, make_strategy
 from sandbox_pool import Status
 from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
 
@@ -86,6 +88,12 @@ def sft_examples(tasks, tokenizer, prompt: PromptConfig | None = None) -> list[t
             completion_ids = tokenizer(completion)["input_ids"] + [tokenizer.eos_token_id]
         examples.append((prompt_ids, completion_ids))
     return examples
+
+
+def sft_batch(examples: list, demos: list, size: int, share: float, rng: random.Random) -> list:
+    """One SFT batch: `share` of it multi-turn demonstrations (when there are any), the rest reference solutions."""
+    n = min(round(size * share), len(demos)) if demos else 0
+    return rng.sample(demos, n) + rng.sample(examples, min(size - n, len(examples)))
 
 
 def generation_seed(config: Config, step: int, purpose: int) -> int:
@@ -242,7 +250,8 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
     workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name,
                             lora_rank=config.learner.pushed_adapter_rank)
     rollouts_group = RolloutGroup(workers, config.rollout.weight_sync)
-    strategy = make_strategy(rollouts_group, rewards_service, config.refine, tokenizer, config.prompt)
+    strategy = make_strategy(rollouts_group, rewards_service, config.env, tokenizer, config.prompt)
+    single = SingleAttempt(rollouts_group, rewards_service, tokenizer, config.prompt) if config.env.multi_turn else None
     critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
     try:
         rollouts_group.connect(learner.weight_sources)
@@ -251,7 +260,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
 
         def run_eval(stage: str, step: int) -> dict[str, float]:
             result = evaluate(strategy, eval_tasks, config.eval, rollout.max_new_tokens, rollout.stop,
-                              seed=generation_seed(config, step, 1), critic=critic, label=f"eval {stage} step {step}")
+                              seed=generation_seed(config, step, 1), critic=critic, label=f"eval {stage} step {step}", single=single)
             metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
             monitor.eval_done(result)
             tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if not isinstance(v, dict)))
@@ -262,9 +271,13 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             base = run_eval("base", 0)
             # --- SFT warm-up on reference solutions ---
             examples = sft_examples(train_tasks, tokenizer, config.prompt)
+            demos = []
+            if config.sft.steps and config.sft.demonstrations:
+                with working(f"building {config.env.name} demonstrations"):
+                    demos = demonstrations(train_tasks, make_environment(config.env, rewards_service), config.env, tokenizer, config.prompt)
+                tqdm.write(f"{len(demos)} multi-turn SFT examples ({config.env.name}) from {len(train_tasks)} training tasks")
             for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
-                batch = rng.sample(examples, min(config.sft.batch_size, len(examples)))
-                metrics.write("sft", step + 1, **learner.sft_step(batch))
+                metrics.write("sft", step + 1, **learner.sft_step(sft_batch(examples, demos, config.sft.batch_size, config.sft.demonstrations, rng)))
             if config.sft.steps:
                 rollouts_group.push()
             if learn.lora is not None and learn.lora.start == "rl":
@@ -334,14 +347,14 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
                 draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
 
             # 2. the batch: advantages within each task's group of k, per token, kept groups
-            samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards)
+            samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
             kl_in_reward, ppo = learn.kl_in == "reward" and learn.kl_coef_at(step) > 0, learn.advantage_estimator == "ppo"
             if kl_in_reward or ppo:  # per token, from the learner as it is before this step
                 samples.turn_kl, samples.turn_values = learner.token_stats(samples.flat(), temperature, kl=kl_in_reward, values=ppo)
             critic_step = observe(critic, rollouts) if critic is not None else None  # it learns while the policy does
             if critic_coef > 0:
                 samples.critic_p_passed = torch.tensor(critic_step.p_passed()).view(len(rollouts.groups), k)
-            batch = build_batch(samples, learn, step, critic_coef, max_new_tokens=rollout.max_new_tokens)
+            batch = build_batch(samples, learn, step, critic_coef, max_new_tokens=rollout.max_new_tokens, turn_cost=config.env.turn_cost)
             sequences = batch.sequences + (replay.reuse(batch.groups) if replay is not None else [])
             rollout_summary = rollouts.summary(rollouts_group.version)
 
@@ -362,8 +375,10 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             metrics.write("rl", step, **record)
             monitor.step_done(step, record)
             shown = rng.randrange(len(rollouts.groups))  # one group per step, to read what the policy writes
-            samples_log.write("rl", step, task=rollouts.groups[shown][0].task.id, completions=[t.turns[-1].text for t in rollouts.groups[shown]],
-                              rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in rollouts.groups[shown]])
+            group = rollouts.groups[shown]
+            turns = {"turns": [[turn.text for turn in t.turns] for t in group]} if config.env.multi_turn else {}
+            samples_log.write("rl", step, task=group[0].task.id, completions=[t.turns[-1].text for t in group],
+                              rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in group], **turns)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
             if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
                 run_eval("rl", step)

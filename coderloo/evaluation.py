@@ -58,12 +58,15 @@ def pass_rate_by(tasks: list[Task], passed: np.ndarray, key: Callable[[Task], ob
 
 def evaluate(
     strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
-    seed: int | None = None, critic: OnlineCritic | None = None, label: str = "eval",
+    seed: int | None = None, critic: OnlineCritic | None = None, label: str = "eval", single: RolloutStrategy | None = None,
 ) -> dict[str, float | dict[str, float]]:
     """Held-out metrics of the trajectories `strategy` makes for `tasks`, judged by their outcomes:
     pass@k from `config.samples_per_task` samples each (with `config.sampled`), greedy pass@1
-    (with `config.greedy`), and what the strategy measured of the sampled ones (refinement:
-    pass@1 within 1..R attempts, pass@1_round1..R, never falling; round 1 is the first attempts).
+    (with `config.greedy`), and what the strategy measured of the sampled ones (multi-turn:
+    pass@1 within 1..R attempts, pass@1_round1..R, never falling, round 1 the first attempts; turns
+    and tool calls per trajectory). With `single` (a single-attempt strategy on the same policy,
+    for a multi-turn `strategy`), its pass@1 from as many samples with the same seed
+    (single_turn_pass@1), and greedy (single_turn_greedy_pass@1).
 
     With a `critic`, pass@1 of its pick among each task's first `select_n` samples
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
@@ -83,7 +86,8 @@ def evaluate(
         params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
         with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
             rollouts = strategy.run(tasks, params, seed, bar.update)
-        metrics.update({key: value for key, value in rollouts.metrics.items() if key.startswith("pass@")})
+        metrics.update({key: value for key, value in rollouts.metrics.items()
+                        if key.startswith("pass@") or key in ("turns_mean", "tool_calls_mean")})
         passed = breakdown = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
         metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in config.k})
         if critic is not None:
@@ -96,6 +100,10 @@ def evaluate(
             metrics["pass@1_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed)))
             metrics["pass@1_critic_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, p_passed))
             metrics["pass@1_random"] = float(passed[:, :m].mean())
+        if single is not None:
+            with tqdm(total=len(tasks), desc=f"{label}: {n} single-turn samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
+                alone = single.run(tasks, params, seed, bar.update)
+            metrics["single_turn_pass@1"] = float(np.mean([[t.outcome.passed for t in group] for group in alone.groups]))
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
         with tqdm(total=len(tasks), desc=f"{label}: greedy", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
@@ -103,6 +111,9 @@ def evaluate(
         greedy = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
         metrics["greedy_pass@1"] = float(greedy.mean())
         breakdown = greedy if breakdown is None else breakdown
+        if single is not None:
+            alone = single.run(tasks, params, None)
+            metrics["single_turn_greedy_pass@1"] = float(np.mean([[t.outcome.passed for t in group] for group in alone.groups]))
     if breakdown is not None:
         metrics["by_difficulty"] = pass_rate_by(tasks, breakdown, lambda task: task.difficulty)
         metrics["by_family"] = pass_rate_by(tasks, breakdown, lambda task: task.family)

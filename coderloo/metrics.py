@@ -92,6 +92,7 @@ LEARNER_GAUGES = {
 STEP_PHASES = {
     "time_generate_s": "generate",
     "time_score_tail_s": "score_tail",
+    "time_env_s": "environment",
     "time_wait_rollouts_s": "wait_rollouts",
     "time_learn_s": "learn",
     "time_sync_s": "sync",
@@ -125,7 +126,8 @@ class RunMetrics:
             if record.get(key) is not None:
                 gauge.set(float(record[key]), tags=self.tags)
         for key, phase in STEP_PHASES.items():
-            self.phases.set(float(record[key]), tags={**self.tags, "phase": phase})
+            if key in record:  # a multi-turn strategy's rollouts have an environment's time, a single attempt's a scoring tail
+                self.phases.set(float(record[key]), tags={**self.tags, "phase": phase})
         self.samples.inc(record["samples"], tags=self.tags)
 
     def eval_done(self, result: dict[str, float | dict[str, float]]) -> None:

@@ -25,14 +25,15 @@ PAGE_DIR = Path(__file__).parent
 # the few instructions between them, shown as "other".
 STEP_PARTS = {"time_wait_rollouts_s": "wait for rollouts", "time_learn_s": "learn", "time_sync_s": "weight sync"}
 # The step's rollouts: made in the background, so they overlap the learning of the steps before.
-ROLLOUT_PARTS = {"time_generate_s": "generate", "time_score_tail_s": "score after the last sample"}
+ROLLOUT_PARTS = {"time_generate_s": "generate", "time_score_tail_s": "score after the last sample",
+                 "time_env_s": "environment (multi-turn: scoring and runs between turns)"}
 # Config fields worth reading in the header, with their labels.
 HIGHLIGHTS = {
     "model.path": "model", "rollout.backend": "engine", "tasks.train_set": "train set", "tasks.eval_set": "eval set",
     "learner.advantage_estimator": "estimator", "learner.lr": "lr", "learner.kl_coef": "KL coef",
     "sft.steps": "SFT steps", "train.steps": "RL steps", "train.prompts_per_step": "prompts / step",
     "rollout.samples_per_prompt": "samples / prompt", "train.max_staleness": "max staleness",
-    "eval.samples_per_task": "eval samples / task", "refine.enabled": "refinement", "critic.enabled": "critic",
+    "eval.samples_per_task": "eval samples / task", "env.name": "environment", "critic.enabled": "critic",
     "curriculum.enabled": "curriculum",
 }
 SAMPLE_STEPS = 3  # the latest RL steps whose sampled group the report shows

@@ -33,6 +33,7 @@ class StepSamples:
     turn_kl: list[list[float]] | None = None  # each turn's KL to the reference per completion token, in the order of `flat()`
     turn_values: list[list[float]] | None = None  # PPO: each turn's value estimates per completion token, likewise
     critic_p_passed: torch.Tensor | None = None  # [G, k]: the critic's P(passed) of each trajectory
+    turn_counts: torch.Tensor | None = None  # [G, k]: each trajectory's policy turns (its sequences may be fewer: concat)
 
     def flat(self) -> list[TrainSequence]:
         return [seq for group in self.sequences for trajectory in group for seq in trajectory]
@@ -50,17 +51,45 @@ class Batch:
         return [seq for group in self.groups for seq in group]
 
 
-def to_sequences(groups: list[list[Trajectory]], token_rewards: bool = False) -> StepSamples:
-    """StepSamples of trajectories grouped k per prompt; with `token_rewards`, each (single-turn)
-    trajectory's per-token rewards, which must match its tokens."""
-    sequences = [[[TrainSequence(turn.prompt_ids, turn.token_ids, turn.sampler_logprobs, mask=turn.policy_mask, truncated=turn.truncated)
-                   for turn in trajectory.turns] for trajectory in group] for group in groups]
+def to_sequences(groups: list[list[Trajectory]], token_rewards: bool = False, concat: bool = False) -> StepSamples:
+    """StepSamples of trajectories grouped k per prompt: each turn a sequence (its whole context
+    as the prompt), or with `concat` each trajectory one sequence (`concatenated`). With
+    `token_rewards`, each (single-turn) trajectory's per-token rewards, which must match its tokens."""
+    def sequences(trajectory: Trajectory) -> list[TrainSequence]:
+        if concat:
+            return [concatenated(trajectory)]
+        return [TrainSequence(turn.prompt_ids, turn.token_ids, turn.sampler_logprobs, mask=turn.policy_mask, truncated=turn.truncated)
+                for turn in trajectory.turns]
+
     rewards = torch.tensor([[t.outcome.total for t in group] for group in groups])
-    samples = StepSamples(sequences, rewards)
+    samples = StepSamples([[sequences(t) for t in group] for group in groups], rewards,
+                          turn_counts=torch.tensor([[len(t.turns) for t in group] for group in groups]))
     if token_rewards:
         samples.token_rewards = [[_token_rewards(t, g, j) for j, t in enumerate(group)] for g, group in enumerate(groups)]
         samples.token_penalties = [[t.turns[0].reward.token_penalties for t in group] for group in groups]
     return samples
+
+
+def concatenated(trajectory: Trajectory) -> TrainSequence:
+    """A trajectory as one sequence: its first prompt, then each turn's tokens and the observation
+    after it (the tokens by which the next turn's context is longer), the observations masked out
+    of the loss with sampler logprob 0. Truncated if any of its turns was."""
+    turns = trajectory.turns
+    completion, logprobs, mask = [], [], []
+    for i, turn in enumerate(turns):
+        completion += turn.token_ids
+        logprobs += turn.sampler_logprobs
+        mask += turn.policy_mask
+        if i + 1 < len(turns):
+            context, after = turns[i + 1].prompt_ids, len(turn.prompt_ids) + len(turn.token_ids)
+            if context[:after] != turn.prompt_ids + turn.token_ids:
+                raise ValueError(f"task {trajectory.task.id!r}: turn {i + 2}'s context does not continue turn {i + 1}'s "
+                                 "(a strategy that rewrites its prompts trains as turns, not concat)")
+            observation = context[after:]
+            completion += observation
+            logprobs += [0.0] * len(observation)
+            mask += [False] * len(observation)
+    return TrainSequence(turns[0].prompt_ids, completion, logprobs, mask=mask, truncated=any(t.truncated for t in turns))
 
 
 def _token_rewards(trajectory: Trajectory, g: int, j: int) -> list[float]:
@@ -76,11 +105,18 @@ def _token_rewards(trajectory: Trajectory, g: int, j: int) -> list[float]:
 
 
 def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_coef: float = 0.0,
-                max_new_tokens: int | None = None) -> Batch:
+                max_new_tokens: int | None = None, turn_cost: float = 0.0) -> Batch:
     """Per-token advantages of every turn of the kept groups (each turn of a trajectory with the
     trajectory's advantage), and the step's algorithm metrics. `max_new_tokens` (the rollout's) is
-    needed by the overlong penalty."""
+    needed by the overlong penalty; `turn_cost` is subtracted from a trajectory's reward per turn
+    after its first."""
     rewards, metrics = samples.rewards, {}
+    if turn_cost:
+        if samples.turn_counts is None:
+            raise ValueError("turn_cost: the trajectories' turn counts are needed")
+        penalty = turn_cost * (samples.turn_counts - 1)
+        rewards = rewards - penalty
+        metrics["turn_cost_mean"] = float(penalty.float().mean())
     groups, k = rewards.shape
     turns = samples.flat()
     metrics["truncated_fraction"] = sum(seq.truncated for seq in turns) / max(len(turns), 1)

@@ -1,4 +1,4 @@
-"""The rollout sections of the config: the workers, their engines, weight sync, refinement, and
+"""The rollout sections of the config: the workers, their engines, weight sync, the environment, and
 how tasks become prompts."""
 from __future__ import annotations
 
@@ -75,20 +75,44 @@ class RolloutConfig(Section):
         return options
 
 
-class RefineConfig(Section):
-    enabled: bool = Field(
-        default=False,
-        description="Train and evaluate with refinement: a failed sample is rewritten from its execution "
-        "feedback, up to `rounds` attempts; RLOO over each trajectory's final outcome.",
+class EnvConfig(Section):
+    """The environment a trajectory runs in (rollout_workers/environments.py): one turn, or several
+    with what the environment says in between."""
+
+    name: Literal["single", "refine", "interpreter", "public_tests"] = Field(
+        default="single",
+        description="single: one attempt per sample. refine: a failed attempt is followed by its execution feedback and "
+        "another attempt, up to max_turns. interpreter: the model may run code mid-answer (a turn ending at run_marker) and "
+        "read its stdout, stderr and exit status, up to max_tool_calls, before its answer is scored by the tests. "
+        "public_tests: stdin/stdout tasks with public cases; an attempt's feedback is its public cases' outcome, the "
+        "reward is the private cases' (tasks without public cases get one attempt).",
     )
-    rounds: int = Field(default=3, ge=1, description="Most attempts per trajectory, the first included.")
-    feedback_chars: int = Field(
-        default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
+    max_turns: int = Field(default=3, ge=1, description="Most policy turns per trajectory (attempts; tool calls and the answer).")
+    max_tool_calls: int = Field(default=2, ge=0, description="interpreter: most runs per trajectory; the turn after the last one is the answer.")
+    run_marker: str = Field(default="#>>> run", min_length=1, description="interpreter: a turn that ends with this asks to run its code.")
+    max_total_tokens: int = Field(
+        default=1024, ge=1, description="Most tokens per trajectory, its first prompt, the policy's and the observations' together; "
+        "a trajectory that would pass it (or the engine's context) ends with the turns it has.")
+    observation_tokens: int = Field(default=160, ge=8, description="An observation longer than this is cut to it, ending with a marker.")
+    feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
+    turn_cost: float = Field(
+        default=0.0, ge=0, description="Subtracted from a trajectory's reward per turn after its first (so the policy is not paid to dawdle).")
+    train_as: Literal["turns", "concat"] = Field(
+        default="turns",
+        description="turns: each turn is a training sequence (its whole context as the prompt); concat: a trajectory is one "
+        "sequence (prompt, turn, observation, turn, ...) with the observations masked out of the loss.",
+    )
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.name != "single"
 
     @model_validator(mode="after")
-    def _rounds(self) -> "RefineConfig":
-        if self.enabled and self.rounds < 2:
-            raise ValueError(f"rounds={self.rounds}: refinement needs at least 2 (1 is no refinement; set enabled false)")
+    def _turns(self) -> "EnvConfig":
+        if self.name in ("refine", "public_tests") and self.max_turns < 2:
+            raise ValueError(f"max_turns={self.max_turns}: env {self.name} needs at least 2 turns (1 is env single)")
+        if self.name == "interpreter" and self.max_tool_calls >= self.max_turns:
+            raise ValueError(f"max_tool_calls={self.max_tool_calls} leaves no turn for the answer in max_turns={self.max_turns}")
         return self
 
 

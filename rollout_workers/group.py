@@ -9,7 +9,7 @@ import ray
 
 from common.weight_sync import WeightSyncError, WeightSyncTimeout
 from rollout_workers.config import WeightSyncConfig
-from rollout_workers.types import GenerationParams, PromptRollout
+from rollout_workers.types import GenerationParams, Prompt, PromptRollout
 from rollout_workers.worker import StaleWeightsError
 
 
@@ -52,7 +52,7 @@ class RolloutGroup:
                 del pending[ref]
         return sum(pending.values())
 
-    def stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[tuple[int, object]]:
+    def stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None) -> list[tuple[int, object]]:
         """Start generation for `prompts`, one chunk per worker, each to the least-loaded worker:
         [(offset of the chunk, a generator of refs to (index within the chunk, PromptRollout) in
         the order the prompts finish)]. With `seed`, chunk i is sampled with seed + i, whichever
@@ -69,7 +69,7 @@ class RolloutGroup:
                 out.append((start, ref))
         return out
 
-    def generate_each(self, prompts: list[str], params: GenerationParams, seed: int | None,
+    def generate_each(self, prompts: list[Prompt], params: GenerationParams, seed: int | None,
                       done: Callable[[int, PromptRollout], None]) -> int:
         """Generate for `prompts`, calling `done(index, rollout)` (from a thread of this group) as
         each prompt's samples finish. Returns how many times a worker died and the prompts it
@@ -112,7 +112,11 @@ class RolloutGroup:
                 self.recover()
         return redos
 
-    def generate(self, prompts: list[str], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
+    def context_length(self) -> int:
+        """The engines' longest prompt + completion, in tokens (the workers share one engine config)."""
+        return ray.get(self.workers[0].context_length.remote())
+
+    def generate(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None) -> list[PromptRollout]:
         """Samples for `prompts`, in order (see `generate_each`)."""
         out: list[PromptRollout | None] = [None] * len(prompts)
         self.generate_each(prompts, params, seed, out.__setitem__)

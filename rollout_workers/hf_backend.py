@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
+from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample, prompt_room
 from common.weight_sync import (
     BucketPlan,
     Receiver,
@@ -21,16 +21,17 @@ class TransformersBackend:
 
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_causal_lm(model_path).eval()
+        self.context_length = self.model.config.max_position_embeddings
         torch.manual_seed(seed)
 
     @torch.no_grad()
-    def generate_stream(self, prompts: list[str], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
+    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
         """(index, rollout) for each prompt, one prompt at a time."""
         eos = self.tokenizer.eos_token_id
         for index, prompt in enumerate(prompts):
-            prompt_ids = self.tokenizer(prompt)["input_ids"]
+            prompt_ids = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
             if params.truncate_prompt_left:
-                prompt_ids = prompt_ids[-prompt_room(self.model.config.max_position_embeddings, params):]
+                prompt_ids = prompt_ids[-prompt_room(self.context_length, params):]
             greedy = params.temperature == 0
             out = self.model.generate(
                 torch.tensor([prompt_ids]),
@@ -57,9 +58,9 @@ class TransformersBackend:
                 else:
                     finish = "length"
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                ids, text, finish = _apply_stop(ids, text, finish, params.stop, self.tokenizer)
+                ids, text, finish, stop = _apply_stop(ids, text, finish, params.stop, self.tokenizer)
                 logprobs = [step_logprobs[row, t, tok].item() for t, tok in enumerate(ids)]
-                samples.append(Sample(ids, logprobs, text, finish, version))
+                samples.append(Sample(ids, logprobs, text, finish, version, stop))
             yield index, PromptRollout(prompt_ids, samples)
 
     def join_weight_group(self, backend: str, *args) -> None:
@@ -109,11 +110,13 @@ class TransformersBackend:
 
 
 def _apply_stop(ids, text, finish, stops, tokenizer):
-    """Cut at the first stop sequence, as vLLM does: the text loses it, the tokens keep up to it."""
-    cut = min((text.find(s) for s in stops if s in text), default=-1)
-    if cut < 0:
-        return ids, text, finish
+    """Cut at the first stop sequence, as vLLM does: the text loses it, the tokens keep up to it.
+    Returns the ids, the text, the finish reason and the stop sequence it ended at."""
+    found = [(text.find(s), s) for s in stops if s in text]
+    if not found:
+        return ids, text, finish, None
+    cut, stop = min(found)
     for n in range(1, len(ids) + 1):
         if len(tokenizer.decode(ids[:n], skip_special_tokens=True)) > cut:
-            return ids[:n], text[:cut], "stop"
-    return ids, text[:cut], "stop"
+            return ids[:n], text[:cut], "stop", stop
+    return ids, text[:cut], "stop", stop

@@ -1,5 +1,6 @@
 """How a task becomes the text an engine is prompted with (the one renderer: generation,
-refinement's later rounds, evaluation and the SFT examples all go through `render`).
+evaluation and the SFT examples all go through `render`; a multi-turn trajectory's observations
+through `follow_up`).
 
 A base model continues the task's prompt as it is. A model whose tokenizer has a chat template
 is given the template's conversation: the configured system message, then a user message with the
@@ -71,3 +72,28 @@ def chat_answer(task: Task, tokenizer, settings: PromptConfig) -> str:
                          "answer (a reasoning template that rewrites the turn?): no supervised examples from it "
                          "(set sft.steps to 0)")
     return answer + whole[len(prompt) + len(answer):].rstrip()
+
+
+ANSWER_SENTINEL = "\x00answer\x00"
+
+
+def follow_up(task: Task, tokenizer, settings: PromptConfig, message: str, ask: str, turn_ended: bool = True) -> str:
+    """The text a multi-turn trajectory's context goes on with after a policy turn: what the
+    environment says (`message`: execution feedback, a tool's output), what it asks (`ask`), then
+    where the policy's next turn starts. Without a chat template: on a new line, `message` and
+    `ask` as comment lines, then the task's prompt again, which the next turn continues (so a turn
+    is always a completion of the task's prompt). Through the template: a user turn with both, then the
+    assistant's header; `turn_ended` False (the turn was cut at max_new_tokens) closes the cut
+    turn first."""
+    if not uses_chat_template(tokenizer, settings):
+        lines = message.splitlines() + ask.splitlines()
+        return "\n" + "".join(f"# {line}".rstrip() + "\n" for line in lines) + task.prompt
+    conversation = _conversation(task, settings, task.prompt) + [
+        {"role": "assistant", "content": ANSWER_SENTINEL}, {"role": "user", "content": f"{message}\n\n{ask}".strip()}]
+    whole = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    end = whole.rfind(ANSWER_SENTINEL) + len(ANSWER_SENTINEL)
+    eos = tokenizer.eos_token or ""
+    if not eos or not whole.startswith(eos, end):
+        raise ValueError("the model's chat template does not end an assistant turn with its EOS token "
+                         f"({eos!r}): multi-turn prompts cannot follow its turns")
+    return whole[end + (len(eos) if turn_ended else 0):]

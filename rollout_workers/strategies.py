@@ -8,25 +8,39 @@ a new environment is a new strategy.
 
 - `SingleAttempt`: each sample is one turn. A prompt's k samples are sent to the reward service
   as soon as they are generated, so that scoring overlaps generation.
-- `Refinement`: each sample is a trajectory of attempts that ends when one passes, up to
-  `rounds`: a failed attempt is shown to the model again with what running it said. The last
-  attempt's reward is the outcome; RLOO compares the k outcomes of a prompt, and every attempt of
-  a trajectory trains with the trajectory's advantage.
+- `MultiTurn`: each sample is a trajectory of turns in an environment (refinement from execution
+  feedback, a code interpreter, self-repair on public tests: rollout_workers/environments.py),
+  which replies to each turn with an observation or ends the trajectory with its outcome; RLOO
+  compares the k outcomes of a prompt, and every policy token of a trajectory trains with the
+  trajectory's advantage.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from reward_service.client import RewardClient
-from reward_service.extract import extract
+from reward_service.schemas import ItemReward
 from reward_service.tasks import Task
-from rollout_workers.config import PromptConfig, RefineConfig
+from rollout_workers.config import EnvConfig, PromptConfig
+from rollout_workers.environments import Environment, Live, Reply, make_environment
 from rollout_workers.group import RolloutGroup
-from rollout_workers.prompts import answered_task, generation_params, render, uses_chat_template
-from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn
+from rollout_workers.prompts import (
+    answered_task,
+    follow_up,
+    generation_params,
+    render,
+    uses_chat_template,
+)
+from rollout_workers.types import (
+    GenerationParams,
+    PromptRollout,
+    Rollouts,
+    Trajectory,
+    Turn,
+)
 
 
 class RolloutStrategy(Protocol):
@@ -71,56 +85,138 @@ class SingleAttempt:
         return Rollouts(groups, metrics)
 
 
-class Refinement:
-    def __init__(self, group: RolloutGroup, rewards: RewardClient, config: RefineConfig, tokenizer=None,
-                 prompt: PromptConfig | None = None):
-        self.first = SingleAttempt(group, rewards, tokenizer, prompt)
-        self.group, self.rewards, self.config = group, rewards, config  # later rounds: single samples, scored at once
+@dataclass
+class _Making:
+    """A trajectory being made: its turns, the context its next turn is sampled from, and what its
+    environment sees of it."""
+
+    turns: list[Turn]
+    context: list[int]
+    live: Live
+    observation_tokens: int = 0
+    cut_observations: int = 0
+    at_limit: bool = False
+    outcome: ItemReward | None = None
+
+
+class MultiTurn:
+    """Trajectories of several turns in an environment (rollout_workers/environments.py).
+
+    Each task's k first turns are sampled together, as single attempts are; then, round by round,
+    the environment replies to every live trajectory's latest turn at once, and the next turns of
+    all the trajectories that go on are sampled together, interleaved in the engines. A turn's
+    context is the trajectory so far as token ids (the first prompt, each turn's tokens, each
+    observation's), never re-tokenized, so turn i+1's context starts with turn i's context and
+    tokens: the learner can train a trajectory as one sequence (learner.algorithm.to_sequences).
+
+    Limits: `max_turns`; an observation's message is cut to `observation_tokens` tokens, with a
+    marker; a trajectory whose next turn would not fit in `max_total_tokens` or the engine's
+    context ends with the turns it has (its prompt is never cut).
+    """
+
+    def __init__(self, group: RolloutGroup, env: Environment, config: EnvConfig, tokenizer, prompt: PromptConfig | None = None,
+                 context_length: int | None = None):
+        if tokenizer is None:
+            raise ValueError("a multi-turn strategy needs the policy's tokenizer (observations are tokenized into its context)")
+        self.group, self.env, self.config = group, env, config
+        self.tokenizer, self.prompt = tokenizer, prompt or PromptConfig()
+        uses_chat_template(tokenizer, self.prompt)  # prompt.chat_template 'on' without a template fails here
+        self.limit = min(config.max_total_tokens, context_length or group.context_length())
 
     def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
             progress: Callable[[int], None] | None = None) -> Rollouts:
-        out = self.first.run(tasks, params, seed, progress)
         started = time.time()
-        trajectories = out.trajectories()
-        # Each round is one batch of single samples with the first round's sampling settings; the
-        # feedback block comes first, so if a prompt is too long for the engine, it is what is cut.
-        # (A chat prompt cut on the left loses its system message and the user's header.)
-        params = replace(generation_params(params, self.first.tokenizer, self.first.prompt), n=1, truncate_prompt_left=True)
-        for round_index in range(1, self.config.rounds):
-            todo = [t for t in trajectories if not t.outcome.passed]
-            if not todo:
+        tasks = [answered_task(t, self.tokenizer, self.prompt) for t in tasks]
+        params = generation_params(params, self.tokenizer, self.prompt)
+        params = replace(params, stop=self.env.stop(params.stop))
+        first: list[PromptRollout | None] = [None] * len(tasks)
+
+        def got(index: int, rollout: PromptRollout) -> None:
+            first[index] = rollout
+            if progress is not None:
+                progress(1)
+
+        redos = self.group.generate_each([render(t, self.tokenizer, self.prompt) for t in tasks], params, seed, got)
+        made = [[_Making([Turn.of(r.prompt_ids, s, None)], list(r.prompt_ids), Live(task, [s.text], [s.stop])) for s in r.samples]
+                for task, r in zip(tasks, first, strict=True)]
+        generating, reacting = time.time() - started, 0.0
+        live = [t for group in made for t in group]
+        one = replace(params, n=1)
+        round_index = 0
+        while live:
+            t0 = time.time()
+            live = self._react(live, params.max_new_tokens)
+            reacting += time.time() - t0
+            if not live:
                 break
-            prompts = [render(t.task, self.first.tokenizer, self.first.prompt,
-                              feedback_prompt(t.task, t.turns[-1].text, t.outcome.feedback, self.config.feedback_chars))
-                       for t in todo]
-            rollouts: list = [None] * len(prompts)
-            out.metrics["rollout_retries"] += self.group.generate_each(
-                prompts, params, None if seed is None else seed + 104_729 * round_index, rollouts.__setitem__)
-            scored = self.rewards.score([t.task for t in todo], [r.samples[0].text for r in rollouts])
-            for trajectory, rollout, reward in zip(todo, rollouts, scored, strict=True):
-                trajectory.turns.append(Turn.of(rollout.prompt_ids, rollout.samples[0], reward))
-                trajectory.outcome = reward
-        rates = pass_rates_by_turn(trajectories, self.config.rounds)
-        out.metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
-        out.metrics.update(rounds_mean=sum(len(t.turns) for t in trajectories) / len(trajectories), time_refine_s=time.time() - started)
-        return out
+            round_index += 1
+            t0 = time.time()
+            made_now: list[PromptRollout | None] = [None] * len(live)
+            redos += self.group.generate_each([t.context for t in live], one, None if seed is None else seed + 104_729 * round_index,
+                                              made_now.__setitem__)
+            for t, sample in zip(live, [r.samples[0] for r in made_now], strict=True):
+                t.turns.append(Turn.of(list(t.context), sample, None))
+                t.live.texts.append(sample.text)
+                t.live.stops.append(sample.stop)
+            generating += time.time() - t0
+        groups = [[Trajectory(task, t.turns, t.outcome) for t in group] for task, group in zip(tasks, made, strict=True)]
+        return Rollouts(groups, self._metrics(made, generating, reacting, redos))
+
+    def _react(self, live: list[_Making], max_new_tokens: int) -> list[_Making]:
+        """The environment's replies to each live trajectory's latest turn: the trajectories that go
+        on, their contexts extended by the turn and the observation."""
+        final = [len(t.turns) >= self.config.max_turns for t in live]
+        replies = self.env.react([t.live for t in live], final)
+        going, ending = [], []
+        for t, reply in zip(live, replies, strict=True):
+            turn = t.turns[-1]
+            turn.reward = reply.reward
+            if reply.message is None:
+                t.outcome = reply.reward
+                continue
+            ids, cut = observation_ids(self.tokenizer, self.prompt, self.config, t.live.task, reply, turn.token_ids)
+            context = t.context + turn.token_ids + ids
+            if len(context) + max_new_tokens > self.limit:
+                t.at_limit = True
+                ending.append(t)
+                continue
+            t.context, t.observation_tokens, t.cut_observations = context, t.observation_tokens + len(ids), t.cut_observations + cut
+            t.live.tool_calls += reply.tool_call
+            going.append(t)
+        if ending:  # no next turn fits: the environment ends them on what they hold
+            for t, reply in zip(ending, self.env.react([t.live for t in ending], [True] * len(ending)), strict=True):
+                t.turns[-1].reward = t.outcome = reply.reward
+        return going
+
+    def _metrics(self, made: list[list[_Making]], generating: float, reacting: float, redos: int) -> dict[str, float]:
+        every = [t for group in made for t in group]
+        n = len(every)
+        metrics = {
+            "turns_mean": sum(len(t.turns) for t in every) / n,
+            "tool_calls_mean": sum(t.live.tool_calls for t in every) / n,
+            "observation_tokens_mean": sum(t.observation_tokens for t in every) / n,
+            "observations_cut": sum(t.cut_observations for t in every),
+            "at_token_limit_fraction": sum(t.at_limit for t in every) / n,
+            "time_generate_s": generating, "time_env_s": reacting, "rollout_retries": redos,
+        }
+        if self.config.name != "interpreter":  # rounds are attempts
+            rates = pass_rates_by_turn([Trajectory(t.live.task, t.turns, t.outcome) for t in every], self.config.max_turns)
+            metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
+        return metrics
 
 
-def feedback_prompt(task: Task, previous_completion: str, feedback: str, chars: int) -> str:
-    """The next attempt's prompt: a comment block with the previous program and what running it
-    said (cut to `chars`), then the task's own prompt, so that the model answers in the task's
-    format (continuing the prompt's code, or writing the whole program) and the reward service
-    scores the answer as a plain completion of `task`."""
-    if chars < 1:
-        raise ValueError(f"feedback chars must be at least 1, got {chars}")
-    program = task.program(extract(previous_completion, task.prompt_is_code, task.entry_point, task.language).code)
-    said = feedback[:chars] + (" [...]" if len(feedback) > chars else "")
-    lines = (
-        ["A previous attempt at the code below did not pass its tests:"] + program.rstrip("\n").splitlines()
-        + ["What running it said:"] + (said.splitlines() or ["(no message)"])
-        + ["Write it again, fixed."]
-    )
-    return "".join(f"# {line}".rstrip() + "\n" for line in lines) + "\n" + task.prompt
+def observation_ids(tokenizer, prompt: PromptConfig, config: EnvConfig, task: Task, reply: Reply, turn_ids: list[int]) -> tuple[list[int], int]:
+    """The token ids of what follows a turn (`turn_ids`) to which the environment said `reply` (its
+    message cut to `config.observation_tokens`, with a marker; rollout_workers.prompts.follow_up),
+    and 1 if it was cut."""
+    message, cut = reply.message, 0
+    ids = tokenizer(message, add_special_tokens=False)["input_ids"]
+    if len(ids) > config.observation_tokens:
+        kept = config.observation_tokens
+        message, cut = tokenizer.decode(ids[:kept]) + f"\n[... {len(ids) - kept} more tokens cut]", 1
+    ended = bool(turn_ids) and turn_ids[-1] == tokenizer.eos_token_id  # not at a stop sequence or the length
+    text = follow_up(task, tokenizer, prompt, message, reply.ask, turn_ended=ended)
+    return tokenizer(text, add_special_tokens=False)["input_ids"], cut
 
 
 def pass_rates_by_turn(trajectories: list[Trajectory], turns: int) -> list[float]:
@@ -130,10 +226,11 @@ def pass_rates_by_turn(trajectories: list[Trajectory], turns: int) -> list[float
     return [sum(p is not None and p <= r for p in passed_at) / len(passed_at) for r in range(1, turns + 1)]
 
 
-def make_strategy(group: RolloutGroup, rewards: RewardClient, refine: RefineConfig, tokenizer,
+def make_strategy(group: RolloutGroup, rewards: RewardClient, env: EnvConfig, tokenizer,
                   prompt: PromptConfig) -> RolloutStrategy:
-    """The configured strategy: refinement when enabled, else single attempts; prompts rendered
-    with the policy's `tokenizer` as `prompt` says."""
-    if refine.enabled:
-        return Refinement(group, rewards, refine, tokenizer, prompt)
-    return SingleAttempt(group, rewards, tokenizer, prompt)
+    """The configured strategy: single attempts, or multi-turn trajectories in the configured
+    environment; prompts rendered with the policy's `tokenizer` as `prompt` says."""
+    environment = make_environment(env, rewards)
+    if environment is None:
+        return SingleAttempt(group, rewards, tokenizer, prompt)
+    return MultiTurn(group, environment, env, tokenizer, prompt)

@@ -8,6 +8,10 @@ from reward_service.schemas import ItemReward
 from reward_service.tasks import Task
 
 
+# A prompt is text, or token ids (a multi-turn trajectory's context, which is never re-tokenized).
+Prompt = str | list[int]
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     n: int = 1  # samples per prompt
@@ -38,6 +42,7 @@ class Sample:
     text: str
     finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
     policy_version: int
+    stop: str | None = None  # the stop sequence it ended at (None: EOS, the length, or no stop sequence given)
 
 
 @dataclass

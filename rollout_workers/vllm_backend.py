@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from rollout_workers.types import GenerationParams, PromptRollout, Sample, prompt_room
+from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample, prompt_room
 from common.weight_sync import ADAPTER_PROBE, BucketPlan, Receiver, WeightSyncError, open_group
 
 # vLLM's allowed max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
@@ -48,10 +48,11 @@ class VLLMBackend:
             **lora,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.context_length = self.llm.llm_engine.model_config.max_model_len
         self.lora = bool(lora_rank)
         self.lora_request = None  # the adapter requests are served with (the last one pushed)
 
-    def generate_stream(self, prompts: list[str], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
+    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
         """(index, rollout) for each prompt as soon as its n samples are finished.
 
         All prompts are queued at once, so the engine batches them continuously; the caller can
@@ -67,11 +68,11 @@ class VLLMBackend:
             stop=params.stop or None,
             logprobs=0,  # the sampled token's logprob only
         )
-        inputs: list = list(prompts)
+        inputs: list = [{"prompt_token_ids": list(p)} if isinstance(p, list) else p for p in prompts]
         if params.truncate_prompt_left:
-            room = prompt_room(self.llm.llm_engine.model_config.max_model_len, params)
+            room = prompt_room(self.context_length, params)
             for i, prompt in enumerate(prompts):
-                ids = self.tokenizer(prompt)["input_ids"]
+                ids = prompt if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
                 if len(ids) > room:
                     inputs[i] = {"prompt_token_ids": ids[-room:]}
         # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
@@ -90,7 +91,8 @@ class VLLMBackend:
             ids = list(c.token_ids)
             sampler_logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
             finish = "length" if c.finish_reason == "length" else "stop"  # EOS or a stop sequence
-            samples.append(Sample(ids, sampler_logprobs, c.text, finish, version))
+            stop = c.stop_reason if isinstance(c.stop_reason, str) else None  # an int is a stop token's id
+            samples.append(Sample(ids, sampler_logprobs, c.text, finish, version, stop))
         return PromptRollout(list(out.prompt_token_ids), samples)
 
     def join_weight_group(self, *args) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from common.placement import placement_options
 from common.weight_sync import BucketPlan
-from rollout_workers.types import GenerationParams
+from rollout_workers.types import GenerationParams, Prompt
 
 
 class StaleWeightsError(RuntimeError):
@@ -37,7 +37,7 @@ class RolloutWorker:
             raise ValueError(f"unknown rollout backend {backend!r}: expected 'vllm' or 'transformers'")
         self.version = 0
 
-    def generate_stream(self, prompts: list[str], params: GenerationParams, seed: int | None = None, min_version: int = 0):
+    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None, min_version: int = 0):
         """Samples for `prompts`: yields (index, rollout) as each prompt's samples finish (call
         with .options(num_returns="streaming")). With `seed`, the engine's generator is reseeded
         first, so that the same weights, prompts and seed give the same samples whatever ran before.
@@ -74,6 +74,10 @@ class RolloutWorker:
         """Serve the base model with the LoRA adapter saved in `directory` (PEFT's format), as an
         evaluation of a checkpoint's adapter does; pushes are for training."""
         self.backend.load_adapter(directory)
+
+    def context_length(self) -> int:
+        """The longest prompt + completion, in tokens, that the engine takes."""
+        return self.backend.context_length
 
     def status(self) -> tuple[int, int]:
         """This incarnation's process id (a restarted actor has a new one) and weights version."""

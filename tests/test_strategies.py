@@ -1,20 +1,42 @@
-"""The rollout strategies' logic, against a scripted rollout group and reward service: single
-attempts, refinement's rounds, the feedback prompt, the pass rate by turn, and the config's checks.
-The real engines and service run them in tests/test_refine_training.py and the end-to-end test."""
+"""The rollout strategies' logic against a scripted rollout group, reward service and a character
+tokenizer (pure logic): single attempts; multi-turn trajectories in each environment (contexts that
+extend each other, observations, limits, tool calls, public and private cases); the concatenated
+training sequence; the per-turn cost; evaluation; the config's checks. The real engines, service and
+sandbox run them in tests/test_multi_turn.py."""
 import pytest
+import torch
 
 from coderloo.config import ConfigError, load_config
 from coderloo.tasksets.synthetic import synthetic_suite
-from reward_service.extract import extract
-from reward_service.schemas import Components, ItemReward
+from learner.algorithm import build_batch, concatenated, to_sequences
+from learner.config import LearnerConfig
+from reward_service.schemas import Components, ItemReward, RunResult
 from reward_service.tasks import Task
 from rollout_workers import GenerationParams, PromptRollout, Sample
-from rollout_workers.config import RefineConfig
-from rollout_workers.strategies import Refinement, SingleAttempt, feedback_prompt, pass_rates_by_turn
-from sandbox_pool import Status
+from rollout_workers.config import EnvConfig
+from rollout_workers.environments import Interpreter, PublicTests, Refine
+from rollout_workers.strategies import MultiTurn, SingleAttempt, pass_rates_by_turn
+from rollout_workers.types import Trajectory, Turn
+from sandbox_pool import IOTest, Status
 
 TASK = synthetic_suite()["train"][0]  # prompt_is_code: def solve(x): + docstring
 FEEDBACK = "1 of 5 tests failed\nfirst failing test: assert solve(-7) == -6\nAssertionError"
+EOS = 0
+
+
+class CharTokenizer:
+    """One token per character (id = code point + 1; 0 is EOS): contexts are readable in tests."""
+
+    eos_token_id, eos_token, chat_template = EOS, "", None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) + 1 for c in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i - 1) for i in ids if i != EOS)
+
+
+TOKENIZER = CharTokenizer()
 
 
 def reward(passed: bool, feedback: str = FEEDBACK) -> ItemReward:
@@ -23,57 +45,38 @@ def reward(passed: bool, feedback: str = FEEDBACK) -> ItemReward:
                       diagnostics=[], feedback="" if passed else feedback, token_rewards=None)
 
 
-def test_feedback_prompt_of_a_code_task_comments_the_attempt_and_ends_with_the_task_prompt():
-    prompt = feedback_prompt(TASK, "    return x - 1\n```\nThat should do.", FEEDBACK, 500)
-    header, rest = prompt.split("\n\n", 1)
-    assert rest == TASK.prompt  # the model continues the task's code, as in round 1
-    assert all(line.startswith("#") for line in header.splitlines())
-    # the previous program (prompt + extracted code, without the prose after the fence) and the feedback
-    assert "#     return x - 1\n# What running it said:\n# 1 of 5 tests failed\n" in prompt
-    assert "That should do" not in prompt
-    assert "# first failing test: assert solve(-7) == -6\n# AssertionError\n# Write it again, fixed.\n" in prompt
-    # the rewrite is scored as a plain completion of the task
-    assert compile(prompt + "    return x + 1\n", "<refined>", "exec")
-    assert TASK.program(extract("    return x + 1\n", TASK.prompt_is_code).code) == TASK.reference
-
-
-def test_feedback_prompt_cuts_the_feedback_and_keeps_a_prose_tasks_format():
-    task = Task(id="prose/1", prompt="Write a function add(a, b).\n[BEGIN]\n", tests=["assert add(1, 2) == 3"], entry_point="add",
-                reference="def add(a, b):\n    return a + b\n", difficulty=1, source="test", prompt_is_code=False)
-    prompt = feedback_prompt(task, "Sure:\n```python\ndef add(a, b):\n    return a - b\n```\n", "x" * 50, 10)
-    assert prompt.endswith("\n\n" + task.prompt)
-    assert "# def add(a, b):\n#     return a - b\n" in prompt and "Sure" not in prompt
-    assert "# xxxxxxxxxx [...]\n" in prompt and "x" * 11 not in prompt
-    with pytest.raises(ValueError, match="feedback chars must be at least 1, got 0"):
-        feedback_prompt(task, "", "", 0)
-
-
 class ScriptedGroup:
-    """Each call writes '    return <call number>' for each prompt, one sample per prompt and n."""
+    """Call i answers every prompt with `texts[i]` (a text, or (text, stop sequence)); token ids by the
+    character tokenizer, then EOS unless it ended at a stop sequence."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, texts=None, context=10_000):
+        self.texts, self.calls, self.context = texts, [], context
 
-    def generate(self, prompts, params, seed):
-        self.calls.append((prompts, params, seed))
-        n = len(self.calls)
-        return [PromptRollout([n, i], [Sample([7, i], [-0.5, -0.25], f"    return {n}\n", "stop", 3)] * params.n) for i in range(len(prompts))]
+    def context_length(self):
+        return self.context
 
     def generate_each(self, prompts, params, seed, done):
-        for i, rollout in enumerate(self.generate(prompts, params, seed)):
-            done(i, rollout)
+        self.calls.append((prompts, params, seed))
+        n = len(self.calls)
+        entry = f"    return {n}\n" if self.texts is None else self.texts[min(n, len(self.texts)) - 1]
+        text, stop = entry if isinstance(entry, tuple) else (entry, None)
+        for i, prompt in enumerate(prompts):
+            ids = prompt if isinstance(prompt, list) else TOKENIZER(prompt)["input_ids"]
+            tokens = TOKENIZER(text)["input_ids"] + ([] if stop else [EOS])
+            done(i, PromptRollout(list(ids), [Sample(tokens, [-0.5] * len(tokens), text, "stop", 3, stop)] * params.n))
         return 0
 
 
 class ScriptedRewards:
     per_token = False
 
-    def __init__(self, passes):
-        self.passes = list(passes)  # per call: passed flags in order
-        self.calls = []
+    def __init__(self, passes=(), runs=None):
+        self.passes = list(passes)  # per score call: passed flags in order
+        self.calls, self.run_calls = [], []
+        self.runs = runs
 
     def score(self, tasks, completions):
-        self.calls.append(completions)
+        self.calls.append((tasks, completions))
         return [reward(p) for p in self.passes.pop(0)]
 
     def submit(self, tasks, completions, token_ids=None):
@@ -81,6 +84,16 @@ class ScriptedRewards:
 
     def collect(self, pending):
         return pending
+
+    def run(self, tasks, programs):
+        self.run_calls.append(programs)
+        return [RunResult(status=Status.passed, stdout=self.runs or "4\n", stderr="", exit="exited normally", duration_s=0.01)
+                for _ in programs]
+
+
+def multi_turn(env_class, group, service, **config):
+    config = EnvConfig(name={Refine: "refine", Interpreter: "interpreter", PublicTests: "public_tests"}[env_class], **config)
+    return MultiTurn(group, env_class(service, config), config, TOKENIZER)
 
 
 def test_single_attempt_makes_one_turn_trajectories_in_task_order():
@@ -90,27 +103,121 @@ def test_single_attempt_makes_one_turn_trajectories_in_task_order():
     assert [[t.task.id for t in g] for g in rollouts.groups] == [[tasks[0].id] * 2, [tasks[1].id] * 2]
     assert [[t.outcome.passed for t in g] for g in rollouts.groups] == [[True, False], [False, False]]
     first = rollouts.groups[0][0].turns
-    assert len(first) == 1 and first[0].prompt_ids == [1, 0] and first[0].token_ids == [7, 0]
-    assert first[0].sampler_logprobs == [-0.5, -0.25] and first[0].policy_mask == [True, True] and first[0].policy_version == 3
+    assert len(first) == 1 and first[0].token_ids[-1] == EOS and first[0].policy_version == 3
+    assert first[0].policy_mask == [True] * len(first[0].token_ids)
     assert rollouts.metrics["rollout_retries"] == 0 and group.calls[0][2] == 5
 
 
-def test_refinement_rewrites_only_failed_trajectories_until_they_pass():
+def test_refinement_goes_on_only_after_a_failed_attempt_and_each_context_extends_the_last():
     group, service = ScriptedGroup(), ScriptedRewards([[False, True, False], [True, False], [False]])
     params = GenerationParams(n=3, max_new_tokens=16, temperature=0.7)
-    rollouts = Refinement(group, service, RefineConfig(enabled=True, rounds=3)).run([TASK], params, 11)
+    rollouts = multi_turn(Refine, group, service, max_turns=3).run([TASK], params, 11)
     # round 2: trajectories 0 and 2, one sample each with round 1's settings; round 3: trajectory 2 only
     assert [len(prompts) for prompts, _, _ in group.calls] == [1, 2, 1]
-    # one sample each, and a feedback prompt too long for the engine loses its start, not the task
-    assert group.calls[1][1] == GenerationParams(n=1, max_new_tokens=16, temperature=0.7, truncate_prompt_left=True)
+    assert group.calls[1][1] == GenerationParams(n=1, max_new_tokens=16, temperature=0.7)
     assert len({seed for _, _, seed in group.calls}) == 3  # each round samples with its own seed
-    assert "#     return 2\n" in group.calls[2][0][0]  # round 3 is told about round 2's attempt
     trajectories = rollouts.groups[0]
     assert [len(t.turns) for t in trajectories] == [2, 1, 3]
-    assert trajectories[0].turns[1].prompt_ids == [2, 0] and trajectories[0].outcome.passed  # the outcome is the last attempt's
+    for t in trajectories:
+        for before, after in zip(t.turns, t.turns[1:]):
+            start = before.prompt_ids + before.token_ids
+            assert after.prompt_ids[: len(start)] == start  # the context is never re-tokenized
+            observation = TOKENIZER.decode(after.prompt_ids[len(start):])
+            # the feedback as comment lines, then the task's prompt again, which the next turn continues
+            assert observation == ("\n# What running the code above said:\n# 1 of 5 tests failed\n"
+                                   "# first failing test: assert solve(-7) == -6\n# AssertionError\n# Write it again, fixed.\n" + TASK.prompt)
+    assert trajectories[0].outcome.passed and trajectories[0].outcome is trajectories[0].turns[-1].reward  # the last attempt's
     assert [t.reward.passed for t in trajectories[2].turns] == [False, False, False] and not trajectories[2].outcome.passed
     assert [rollouts.metrics[f"pass@1_round{r}"] for r in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 2 / 3])
-    assert rollouts.metrics["rounds_mean"] == 2.0
+    assert rollouts.metrics["turns_mean"] == 2.0 and rollouts.metrics["tool_calls_mean"] == 0
+    assert service.calls[1][1] == ["    return 2\n"] * 2  # each attempt is scored as a completion of the task
+
+
+def test_an_observation_is_cut_with_a_marker_and_a_trajectory_ends_where_its_next_turn_would_not_fit():
+    service = ScriptedRewards([[False], [False]])
+    long_feedback = ScriptedRewards([[False]])
+    long_feedback.score = lambda tasks, completions: [reward(False, "x" * 400) for _ in completions]
+    rollouts = multi_turn(Refine, ScriptedGroup(), long_feedback, max_turns=2, observation_tokens=20, feedback_chars=1000).run(
+        [TASK], GenerationParams(n=1, max_new_tokens=16), 0)
+    turns = rollouts.groups[0][0].turns
+    observation = TOKENIZER.decode(turns[1].prompt_ids[len(turns[0].prompt_ids) + len(turns[0].token_ids):])
+    assert "[... " in observation and "more tokens cut]" in observation and observation.endswith(TASK.prompt)
+    assert rollouts.metrics["observations_cut"] == 1
+    # a context limit that leaves no room for a second turn: the trajectory ends on its first, scored as final
+    first_len = len(TOKENIZER(TASK.prompt)["input_ids"]) + len("    return 1\n") + 1
+    rollouts = multi_turn(Refine, ScriptedGroup(context=first_len + 40), service, max_turns=3).run(
+        [TASK], GenerationParams(n=1, max_new_tokens=16), 0)
+    t = rollouts.groups[0][0]
+    assert len(t.turns) == 1 and t.outcome is not None and rollouts.metrics["at_token_limit_fraction"] == 1.0
+    assert len(service.calls) == 2  # scored, then ended as final
+
+
+def test_the_interpreter_runs_a_turn_that_ends_at_the_marker_and_scores_the_answer():
+    config = dict(max_turns=3, max_tool_calls=1)
+    marker = EnvConfig().run_marker
+    probe = ("    return x + 1\nprint(solve(3))\n", marker)
+    group, service = ScriptedGroup([probe, probe]), ScriptedRewards([[True]], runs="4\n")
+    strategy = multi_turn(Interpreter, group, service, **config)
+    rollouts = strategy.run([TASK], GenerationParams(n=1, max_new_tokens=32, stop=["\ndef ", "\nprint("]), 0)
+    # the marker stops a turn, and a probe may print at the start of a line
+    assert group.calls[0][1].stop == [marker, "\ndef "]
+    assert service.run_calls == [[TASK.prompt + "    return x + 1\nprint(solve(3))\n"]]  # the program, with no tests
+    t = rollouts.groups[0][0]
+    assert len(t.turns) == 2 and t.turns[0].reward is None  # a tool call is not scored
+    observation = TOKENIZER.decode(t.turns[1].prompt_ids[len(t.turns[0].prompt_ids) + len(t.turns[0].token_ids):])
+    assert observation == "\n# stdout:\n# 4\n# exit: exited normally\n# No runs left: write the answer.\n" + TASK.prompt
+    # with no runs left, a turn at the marker is the answer: scored by the tests (the text before the marker)
+    assert service.calls[0][1] == ["    return x + 1\nprint(solve(3))\n"] and t.outcome.passed
+    assert rollouts.metrics["tool_calls_mean"] == 1 and "pass@1_round1" not in rollouts.metrics
+
+
+def test_public_tests_are_the_feedback_and_the_private_cases_the_reward():
+    cases = [IOTest(stdin=f"{i}\n", stdout=f"{i + 1}\n") for i in range(4)]
+    task = Task(id="io/1", prompt="Read n, print n + 1.\n", tests=cases, public_tests=1, reference="print(int(input()) + 1)\n",
+                prompt_is_code=False, entry_point=None, difficulty=1, source="test")
+    bare = task.model_copy(update={"id": "io/2", "public_tests": 0})
+    group, service = ScriptedGroup(), ScriptedRewards([[False], [True], [True], [False]])
+    rollouts = multi_turn(PublicTests, group, service, max_turns=3).run([task, bare], GenerationParams(n=1), 0)
+    # round 1: the public case of the task that has one, for feedback; the other is judged by all its cases
+    # round 2: the fix passes the public case, so the private ones judge it
+    assert [[t.tests for t in tasks] for tasks, _ in service.calls] == [[cases[:1]], [cases], [cases[:1]], [cases[1:]]]
+    assert [len(g[0].turns) for g in rollouts.groups] == [2, 1]
+    fixed = rollouts.groups[0][0]
+    assert fixed.turns[0].reward.passed is False and fixed.outcome.passed is False  # the private cases decide the reward
+
+
+def test_a_concatenated_trajectory_masks_its_observations():
+    group, service = ScriptedGroup(), ScriptedRewards([[False], [True]])
+    trajectory = multi_turn(Refine, group, service, max_turns=2).run([TASK], GenerationParams(n=1), 0).groups[0][0]
+    first, second = trajectory.turns
+    seq = concatenated(trajectory)
+    assert seq.prompt_ids == first.prompt_ids
+    assert seq.prompt_ids + seq.completion_ids == second.prompt_ids + second.token_ids
+    observation = len(second.prompt_ids) - len(first.prompt_ids) - len(first.token_ids)
+    assert seq.mask == [True] * len(first.token_ids) + [False] * observation + [True] * len(second.token_ids)
+    assert seq.sampler_logprobs == first.sampler_logprobs + [0.0] * observation + second.sampler_logprobs
+    samples = to_sequences([[trajectory]], concat=True)
+    assert len(samples.flat()) == 1 and samples.turn_counts.tolist() == [[2]]
+    assert len(to_sequences([[trajectory]]).flat()) == 2  # as turns: each with its whole context
+    second.prompt_ids = [second.prompt_ids[0] + 1] + second.prompt_ids[1:]  # a strategy that rewrote its prompt
+    with pytest.raises(ValueError, match="turn 2's context does not continue turn 1's"):
+        concatenated(trajectory)
+
+
+def test_the_turn_cost_is_paid_per_turn_after_the_first():
+    def trajectory(turns, passed):
+        turn = Turn([1], [2, 3], [-0.1, -0.1], [True, True], 0, "x")
+        return Trajectory(TASK, [turn] * turns, reward(passed))
+
+    groups = [[trajectory(1, True), trajectory(3, True), trajectory(2, False)]]
+    config = LearnerConfig(normalize_advantages=False, filter_uninformative=False)
+    free = build_batch(to_sequences(groups), config, step=1)
+    paid = build_batch(to_sequences(groups), config, step=1, turn_cost=0.1)
+    assert free.rewards.tolist() == [[1.0, 1.0, 0.0]]
+    assert paid.rewards[0].tolist() == pytest.approx([1.0, 0.8, -0.1]) and paid.metrics["turn_cost_mean"] == pytest.approx(0.1)
+    # every policy token of a trajectory carries its advantage: the dawdler's is below the direct pass's
+    first, dawdler = paid.groups[0][0].advantages[0], paid.groups[0][1].advantages[0]
+    assert first > dawdler and all(seq.advantages == [dawdler] * 2 for seq in paid.groups[0][1:4])
 
 
 def test_pass_rates_by_turn_count_a_pass_from_its_turn_on():
@@ -121,17 +228,25 @@ def test_pass_rates_by_turn_count_a_pass_from_its_turn_on():
     assert pass_rates_by_turn(trajectories, 2) == [0.5, 1.0]
 
 
-def test_refine_config_checks():
-    assert load_config("configs/default.yaml", []).refine.enabled is False
-    with pytest.raises(ConfigError, match="refine.enabled and learner.dense_rewards are not supported together"):
-        load_config("configs/default.yaml", ["refine.enabled=true", "learner.dense_rewards=true"])
-    with pytest.raises(ConfigError, match="refine: .*rounds=1: refinement needs at least 2"):
-        load_config("configs/default.yaml", ["refine.enabled=true", "refine.rounds=1"])
-    with pytest.raises(ConfigError, match="refine.feedback_chars"):
-        load_config("configs/default.yaml", ["refine.feedback_chars=0"])
+def test_env_config_checks():
+    assert load_config("configs/default.yaml", []).env.name == "single"
+    with pytest.raises(ConfigError, match="env.name refine and learner.dense_rewards are not supported together"):
+        load_config("configs/default.yaml", ["env.name=refine", "learner.dense_rewards=true"])
+    with pytest.raises(ConfigError, match="max_turns=1: env refine needs at least 2 turns"):
+        load_config("configs/default.yaml", ["env.name=refine", "env.max_turns=1"])
+    with pytest.raises(ConfigError, match="max_tool_calls=3 leaves no turn for the answer in max_turns=3"):
+        load_config("configs/default.yaml", ["env.name=interpreter", "env.max_tool_calls=3"])
+    with pytest.raises(ConfigError, match="env.feedback_chars"):
+        load_config("configs/default.yaml", ["env.feedback_chars=0"])
+    with pytest.raises(ConfigError, match="refine: the section is now env"):
+        load_config("configs/default.yaml", ["refine.enabled=true"])
+    with pytest.raises(ConfigError, match="sft.demonstrations: multi-turn demonstrations are of an environment"):
+        load_config("configs/default.yaml", ["sft.demonstrations=0.5"])
+    with pytest.raises(ConfigError, match="env.train_as concat with learner.overlong_buffer"):
+        load_config("configs/default.yaml", ["env.name=refine", "env.train_as=concat", "learner.overlong_buffer=8"])
 
 
-def test_evaluation_follows_the_eval_config():
+def test_evaluation_reports_rounds_and_single_turn_pass_at_1_of_the_same_policy():
     from coderloo.config import EvalConfig
     from coderloo.evaluation import evaluate
 
@@ -139,15 +254,41 @@ def test_evaluation_follows_the_eval_config():
     tasks = [next(t for t in heldout if t.difficulty == level) for level in (1, 2)]  # two families, two levels
     breakdown = {"by_difficulty": {"1": 1.0, "2": 0.0}, "by_family": {tasks[0].family: 1.0, tasks[1].family: 0.0},
                  "by_kind": {"assert": 0.5}}
+    # sampled only: two samples per task; one failed sample is rewritten and passes; single-turn: one of four passes
+    group = ScriptedGroup()
+    service = ScriptedRewards([[True, False, False, False], [True, False, False], [False, False], [False, True]])
+    config = EvalConfig(samples_per_task=2, k=[1, 2], greedy=False)
+    metrics = evaluate(multi_turn(Refine, group, service, max_turns=2), tasks, config, 16, [], seed=7, single=SingleAttempt(group, service))
+    assert metrics == {"pass@1": 0.5, "pass@2": 0.5, "pass@1_round1": 0.25, "pass@1_round2": 0.5, "turns_mean": 1.75,
+                       "tool_calls_mean": 0.0, "single_turn_pass@1": 0.25, **breakdown}
+    assert [params.temperature for _, params, _ in group.calls] == [1.0, 1.0, 1.0]
+    assert group.calls[0][2] == group.calls[2][2] == 7  # the single-turn samples are drawn with the same seed
 
-    def evaluate_with(config, passes):
-        group, service = ScriptedGroup(), ScriptedRewards(passes)
-        return evaluate(Refinement(group, service, RefineConfig(enabled=True, rounds=2)), tasks, config, 16, []), group
 
-    # sampled only: two samples per task; one failed sample is rewritten and passes
-    metrics, group = evaluate_with(EvalConfig(samples_per_task=2, k=[1, 2], greedy=False), [[True, False], [False, False], [True, False, False]])
-    assert metrics == {"pass@1": 0.5, "pass@2": 0.5, "pass@1_round1": 0.25, "pass@1_round2": 0.5, **breakdown}
-    assert [params.temperature for _, params, _ in group.calls] == [1.0, 1.0]
-    # greedy only (eval.sampled false): one greedy trajectory per task, no pass@k
-    metrics, group = evaluate_with(EvalConfig(sampled=False), [[True], [False], [False]])
-    assert metrics == {"greedy_pass@1": 0.5, **breakdown} and group.calls[0][1].temperature == 0.0
+def test_no_gradient_reaches_an_observation_token(tiny_model):
+    """A concatenated trajectory through the tiny model and the policy loss: the logits that predict
+    observation tokens get no gradient; those that predict the policy's tokens do."""
+    from common.hf import load_causal_lm
+    from learner.batch import pack
+    from learner.losses import LossInputs, policy_loss
+
+    group, service = ScriptedGroup(), ScriptedRewards([[False], [True]])
+    trajectory = multi_turn(Refine, group, service, max_turns=2).run([TASK], GenerationParams(n=1), 0).groups[0][0]
+    vocab = load_causal_lm(str(tiny_model)).config.vocab_size
+    seq = concatenated(trajectory)
+    seq.prompt_ids = [i % vocab for i in seq.prompt_ids]  # the character ids into the tiny model's vocabulary
+    seq.completion_ids = [i % vocab for i in seq.completion_ids]
+    seq.advantages = [1.0] * len(seq.completion_ids)
+    batch = pack([seq], pad_id=0)
+    model = load_causal_lm(str(tiny_model))
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    logits.retain_grad()
+    logprobs = logits.log_softmax(-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    loss, _ = policy_loss(LossInputs(logprobs, logprobs.detach(), batch.sampler_logprobs, batch.advantages, batch.completion_mask),
+                          LearnerConfig().loss_config(1, 1.0, 16))
+    loss.backward()
+    per_position = logits.grad[0].abs().sum(-1)
+    start = len(seq.prompt_ids) - 1
+    mask = torch.tensor(seq.mask)
+    assert per_position[start:][~mask].max() == 0 and (per_position[start:][mask] > 0).all()
+    assert per_position[:start].max() == 0  # nor the prompt's

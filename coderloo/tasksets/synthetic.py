@@ -165,6 +165,9 @@ def _printed(program: str, stdin: str) -> str:
     return out.getvalue()
 
 
+PUBLIC_CASES = 2  # a stdin/stdout task's first cases, the examples a statement would show
+
+
 def _make_stdio_task(family: Family, params: dict[str, int], split: str) -> Task:
     says, reads = READS[family.arg]
     prompt = f'"""{says} {family.doc.format(**params)}"""\n'
@@ -186,6 +189,7 @@ def _make_stdio_task(family: Family, params: dict[str, int], split: str) -> Task
         source="synthetic",
         prompt_is_code=True,
         split=split,
+        public_tests=PUBLIC_CASES if len(tests) > PUBLIC_CASES else 0,  # a statement's examples (env public_tests)
     )
 
 

@@ -1,0 +1,70 @@
+"""Multi-turn environments against single turns, from the same SFT and RL budget, on the synthetic
+suite.
+
+    python -m bench.bench_multi_turn        # BENCH_MULTI_TURN_STEPS=60 RL steps per run
+
+Three training runs of the default config's SFT steps and RL steps, prompts and samples per step:
+
+- single: configs/default.yaml, one attempt per sample.
+- refine: configs/refine.yaml, up to 3 attempts from execution feedback, SFT with refinement
+  demonstrations; its evaluations give pass@1 after rounds 1, 2 and 3 and single-turn pass@1 of the
+  same checkpoint.
+- interpreter: configs/interpreter.yaml, one run of the code interpreter before the answer, SFT
+  with tool-use traces; its evaluations give pass@1 with the tool and single-turn pass@1 of the same
+  checkpoint.
+
+Each row gives the held-out numbers after SFT and at the end, the RL phase's wall time and the
+trajectories it sampled (and the policy's turns), so that what a gain costs is on the same line.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from bench.bench_algorithms import run
+from bench.plots import comparison
+
+STEPS = int(os.environ.get("BENCH_MULTI_TURN_STEPS", "60"))
+VARIANTS = {"single": "configs/default.yaml", "refine": "configs/refine.yaml", "interpreter": "configs/interpreter.yaml"}
+
+
+def _rates(metrics: dict) -> str:
+    rounds = [metrics[f"pass@1_round{r}"] for r in (1, 2, 3) if f"pass@1_round{r}" in metrics]
+    parts = []
+    if rounds:
+        parts.append("rounds 1/2/3 " + " / ".join(f"{r:.3f}" for r in rounds))
+    if "single_turn_pass@1" in metrics:
+        parts.append(f"single-turn {metrics['single_turn_pass@1']:.3f} (greedy {metrics['single_turn_greedy_pass@1']:.3f})")
+    if metrics.get("tool_calls_mean"):
+        parts.append(f"tool calls {metrics['tool_calls_mean']:.2f}")
+    return "; ".join(parts) or "-"
+
+
+def main() -> list[dict]:
+    root = tempfile.mkdtemp(prefix="bench-multi-turn-")
+    chosen = os.environ.get("BENCH_MULTI_TURN_VARIANTS")
+    names = chosen.split(",") if chosen else list(VARIANTS)
+    results = {name: run(VARIANTS[name], [], f"{root}/{name}", steps=STEPS) for name in names}
+    print(f"multi-turn environments on the synthetic suite, the default's SFT and {STEPS} RL steps each "
+          f"(held-out pass@1, 8 samples per task, T=1; run directories in {root})")
+    print("| run | pass@1 after SFT | there: | pass@1 | greedy pass@1 | at the end: | RL time | trajectories | policy turns |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        sft, final, rl = r["after_sft"], r["final"], r["rl"]
+        turns = sum(x.get("turns_mean", 1.0) * x["samples"] for x in rl)
+        print(f"| {name} | {sft['pass@1']:.3f} | {_rates(sft)} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
+              f"{_rates(final)} | {r['rl_seconds']:.0f} s | {r['samples']} | {turns:.0f} |")
+    for name in ("refine", "interpreter"):
+        if name in results and "single" in results:
+            r, b = results[name], results["single"]
+            print(f"  {name} / single: {r['final']['pass@1'] / max(b['final']['pass@1'], 1e-9):.2f}x pass@1, "
+                  f"{r['rl_seconds'] / max(b['rl_seconds'], 1e-9):.2f}x RL time")
+    if "refine" in results:
+        final = results["refine"]["final"]
+        print(f"  refine: round 3 - round 1 = {100 * (final['pass@1_round3'] - final['pass@1_round1']):+.1f} points of held-out pass@1")
+    return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "single",
+                       {name: r["final"]["pass@1"] for name, r in results.items()})]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Environments of multi-turn trajectories: after each policy turn, whether the trajectory goes on,
+what the policy reads next (an observation), and the reward that ends it.
+
+An environment sees a batch of live trajectories' latest turns at once (scoring and running code
+go to the reward service in batches) and answers a `Reply` for each. A reply with an observation
+continues the trajectory; one without ends it, and its reward is the trajectory's outcome (the
+reward RLOO compares among a task's k trajectories). `final` marks the turns after which no other
+fits (the turn or token limits): the environment ends those, scoring what they hold as the answer.
+
+- `Refine`: every attempt is scored; a failed one is followed by its execution feedback.
+- `Interpreter`: a turn that ends at the run marker asks to run its code; the sandbox runs it
+  with the task's limits and no tests, and its stdout, stderr and exit status are the observation,
+  up to `max_tool_calls`; any other turn is the answer, scored by the task's tests.
+- `PublicTests`: an attempt at a stdin/stdout task is run on the task's public cases, whose
+  outcome is the feedback; the private cases decide the reward of the attempt that passes the
+  public ones, or of the last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from reward_service.client import RewardClient
+from reward_service.extract import extract
+from reward_service.schemas import ItemReward, RunResult
+from reward_service.tasks import Task
+from rollout_workers.config import EnvConfig
+
+
+@dataclass
+class Reply:
+    """What an environment says of a turn: its reward when it scored it, the message that the
+    policy reads before its next turn and what it asks (no message: the trajectory ends, and
+    `reward` is its outcome), and whether the turn was a tool call."""
+
+    reward: ItemReward | None
+    message: str | None = None
+    ask: str = ""
+    tool_call: bool = False
+
+
+@dataclass
+class Live:
+    """A live trajectory as an environment sees it: the task (as the reward service scores its
+    answers), the text of each policy turn so far, and how many tools calls it made."""
+
+    task: Task
+    texts: list[str]
+    stops: list[str | None]  # the stop sequence each turn ended at
+    tool_calls: int = 0
+
+
+class Environment(Protocol):
+    def stop(self, stop: list[str]) -> list[str]:
+        """The stop sequences of a turn, from the rollout's."""
+
+    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
+        """A reply for each trajectory's latest turn; a `final` one gets no message."""
+
+
+def answer_program(task: Task, text: str) -> str:
+    """The program a turn's text holds, as the sandbox runs it: the task's prompt and the turn's
+    continuation of it, or the code of a whole-program answer."""
+    return task.program(extract(text, task.prompt_is_code, task.entry_point, task.language).code)
+
+
+def cut_feedback(feedback: str, chars: int) -> str:
+    return (feedback[:chars] + " [...]" if len(feedback) > chars else feedback) or "(no message)"
+
+
+class Refine:
+    ASK = "Write it again, fixed."
+
+    def __init__(self, rewards: RewardClient, config: EnvConfig):
+        self.rewards, self.config = rewards, config
+
+    def stop(self, stop: list[str]) -> list[str]:
+        return stop
+
+    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
+        scored = self.rewards.score([t.task for t in live], [t.texts[-1] for t in live])
+        return [Reply(r) if r.passed or last else
+                Reply(r, "What running the code above said:\n" + cut_feedback(r.feedback, self.config.feedback_chars), self.ASK)
+                for r, last in zip(scored, final, strict=True)]
+
+
+class PublicTests:
+    ASK = "Write it again, fixed."
+
+    def __init__(self, rewards: RewardClient, config: EnvConfig):
+        self.rewards, self.config = rewards, config
+
+    def stop(self, stop: list[str]) -> list[str]:
+        return stop
+
+    @staticmethod
+    def public(task: Task) -> Task:
+        return task.model_copy(update={"tests": task.tests[: task.public_tests], "public_tests": 0})
+
+    @staticmethod
+    def private(task: Task) -> Task:
+        hidden = task.tests[task.public_tests:] or task.tests  # a task whose every case is public is judged by them
+        return task.model_copy(update={"tests": hidden, "public_tests": 0})
+
+    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
+        replies: list[Reply | None] = [None] * len(live)
+        on_public = [i for i, t in enumerate(live) if t.task.public_tests and not final[i]]
+        public = self.rewards.score([self.public(live[i].task) for i in on_public], [live[i].texts[-1] for i in on_public]) if on_public else []
+        for i, r in zip(on_public, public, strict=True):
+            if not r.passed:
+                said = cut_feedback(r.feedback, self.config.feedback_chars)
+                replies[i] = Reply(r, "What running the code above on the examples said:\n" + said, self.ASK)
+        judged = [i for i, reply in enumerate(replies) if reply is None]
+        if judged:
+            scored = self.rewards.score([self.private(live[i].task) for i in judged], [live[i].texts[-1] for i in judged])
+            for i, r in zip(judged, scored, strict=True):
+                replies[i] = Reply(r)
+        return replies
+
+
+class Interpreter:
+    def __init__(self, rewards: RewardClient, config: EnvConfig):
+        self.rewards, self.config = rewards, config
+
+    def stop(self, stop: list[str]) -> list[str]:
+        # a probe prints what it wants to see: a continuation's "\nprint(" stop would cut it
+        return [self.config.run_marker] + [s for s in stop if "print(" not in s]
+
+    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
+        runs = [i for i, t in enumerate(live)
+                if t.stops[-1] == self.config.run_marker and t.tool_calls < self.config.max_tool_calls and not final[i]]
+        replies: list[Reply | None] = [None] * len(live)
+        if runs:
+            results = self.rewards.run([live[i].task for i in runs], [answer_program(live[i].task, live[i].texts[-1]) for i in runs])
+            for i, result in zip(runs, results, strict=True):
+                left = self.config.max_tool_calls - live[i].tool_calls - 1
+                ask = f"Runs left: {left}." if left else "No runs left: write the answer."
+                replies[i] = Reply(None, run_report(result), ask, tool_call=True)
+        answers = [i for i, reply in enumerate(replies) if reply is None]
+        if answers:
+            scored = self.rewards.score([live[i].task for i in answers], [live[i].texts[-1] for i in answers])
+            for i, r in zip(answers, scored, strict=True):
+                replies[i] = Reply(r)
+        return replies
+
+
+def run_report(result: RunResult) -> str:
+    """What a run printed and how it ended, as the model reads it."""
+    parts = []
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text.strip():
+            parts.append(f"{name}:\n{text.rstrip()}")
+    return "\n".join(parts + [f"exit: {result.exit}"])
+
+
+def make_environment(config: EnvConfig, rewards: RewardClient) -> Environment | None:
+    """The configured environment (None: single attempts)."""
+    kinds = {"refine": Refine, "interpreter": Interpreter, "public_tests": PublicTests}
+    return kinds[config.name](rewards, config) if config.multi_turn else None
