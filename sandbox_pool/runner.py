@@ -254,9 +254,9 @@ def run_case(code, fds: list) -> None:
         code_out = _exit_code(e.code)
     except MemoryError:
         code_out = MEMORY_EXIT
-    except BaseException:
-        try:
-            traceback.print_exc()
+    except BaseException as e:
+        try:  # from the program's own frames on: this runner's frame and path are no part of what it said
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
         except BaseException:
             pass
         code_out = 1

@@ -244,3 +244,24 @@ def test_the_tiny_chat_model_generates_from_a_rendered_prompt(chat_model, chat_t
         assert 1 <= len(sample.token_ids) <= 6 and len(sample.sampler_logprobs) == len(sample.token_ids)
         assert sample.text == chat_tokenizer.decode(sample.token_ids, skip_special_tokens=True)
         assert all(lp <= 0 for lp in sample.sampler_logprobs)
+
+
+# --- multi-turn through the template ---
+
+def test_a_chat_models_observation_is_a_user_turn_after_its_own_end_of_turn(chat_tokenizer):
+    from rollout_workers.prompts import follow_up
+
+    said = follow_up(CODE_TASK, chat_tokenizer, SETTINGS, "Failed: 1 of 9 tests did not pass", "Write it again, fixed.")
+    # the assistant's turn ended with <|im_end|> (its EOS, sampled): the user's turn and the assistant's header follow
+    assert said == f"\n{IM_START}user\nFailed: 1 of 9 tests did not pass\n\nWrite it again, fixed.{IM_END}\n{IM_START}assistant\n"
+    # a turn cut at max_new_tokens, or stopped at the run marker, has no end of turn: the observation closes it
+    assert follow_up(CODE_TASK, chat_tokenizer, SETTINGS, "stdout:\n4", "", turn_ended=False).startswith(f"{IM_END}\n{IM_START}user\nstdout:\n4")
+    # the whole conversation is what the template makes of it, the system message once
+    first = render(CODE_TASK, chat_tokenizer, SETTINGS)
+    answer = "```python\ndef solve(x):\n    return x\n```"
+    whole = chat_tokenizer.apply_chat_template(
+        [{"role": "system", "content": SETTINGS.system},
+         {"role": "user", "content": first.split(f"{IM_START}user\n", 1)[1].split(IM_END, 1)[0]},
+         {"role": "assistant", "content": answer},
+         {"role": "user", "content": "Failed: 1 of 9 tests did not pass\n\nWrite it again, fixed."}], add_generation_prompt=True, tokenize=False)
+    assert whole == first + answer + IM_END + said

@@ -52,6 +52,7 @@ def test_prints_raises_exits_and_floods_through_the_handle(service):
                                                                                 "exited normally")
     assert raised.status == Status.runtime_error and raised.stdout == "before\n"
     assert raised.stderr.startswith("Traceback (most recent call last):") and "line 2" in raised.stderr
+    assert "sandbox_pool" not in raised.stderr and "runner.py" not in raised.stderr  # only the program's own frames
     assert raised.exit == "raised ZeroDivisionError: division by zero"
     assert (three.status, three.stdout, three.exit) == (Status.runtime_error, "bye\n", "exited with code 3")
     assert (zero.status, zero.exit) == (Status.passed, "exited normally")
