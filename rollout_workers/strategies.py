@@ -195,7 +195,7 @@ class MultiTurn:
             "turns_mean": sum(len(t.turns) for t in every) / n,
             "tool_calls_mean": sum(t.live.tool_calls for t in every) / n,
             "observation_tokens_mean": sum(t.observation_tokens for t in every) / n,
-            "observations_cut": sum(t.cut_observations for t in every),
+            "observations_cut_mean": sum(t.cut_observations for t in every) / n,  # cut observations per trajectory
             "at_token_limit_fraction": sum(t.at_limit for t in every) / n,
             "time_generate_s": generating, "time_env_s": reacting, "rollout_retries": redos,
         }

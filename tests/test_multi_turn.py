@@ -121,7 +121,7 @@ def test_a_hostile_tool_user_ends_within_its_limits(service, tiny_model, behavio
     assert rollouts.metrics["tool_calls_mean"] == 2
     seen = tokenizer.decode(rollouts.trajectories()[0].turns[1].prompt_ids)
     if behaviour == "floods the observation":
-        assert rollouts.metrics["observations_cut"] >= 2 and "more tokens cut]" in seen
+        assert rollouts.metrics["observations_cut_mean"] == 2 and "more tokens cut]" in seen
     if behaviour == "hangs":
         assert "timed out" in seen
     if behaviour == "prints fake test results":

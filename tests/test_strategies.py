@@ -142,7 +142,7 @@ def test_an_observation_is_cut_with_a_marker_and_a_trajectory_ends_where_its_nex
     turns = rollouts.groups[0][0].turns
     observation = TOKENIZER.decode(turns[1].prompt_ids[len(turns[0].prompt_ids) + len(turns[0].token_ids):])
     assert "[... " in observation and "more tokens cut]" in observation and observation.endswith(TASK.prompt)
-    assert rollouts.metrics["observations_cut"] == 1
+    assert rollouts.metrics["observations_cut_mean"] == 1
     # a context limit that leaves no room for a second turn: the trajectory ends on its first, scored as final
     first_len = len(TOKENIZER(TASK.prompt)["input_ids"]) + len("    return 1\n") + 1
     rollouts = multi_turn(Refine, ScriptedGroup(context=first_len + 40), service, max_turns=3).run(
