@@ -68,8 +68,12 @@ def cut_feedback(feedback: str, chars: int) -> str:
     return (feedback[:chars] + " [...]" if len(feedback) > chars else feedback) or "(no message)"
 
 
-class Refine:
-    ASK = "Write it again, fixed."
+AGAIN = "Write it again, fixed."
+
+
+class _Base:
+    """What the environments share: the reward service that scores and runs, their config, and the
+    rollout's stop sequences as they are."""
 
     def __init__(self, rewards: RewardClient, config: EnvConfig):
         self.rewards, self.config = rewards, config
@@ -77,22 +81,16 @@ class Refine:
     def stop(self, stop: list[str]) -> list[str]:
         return stop
 
+
+class Refine(_Base):
     def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
         scored = self.rewards.score([t.task for t in live], [t.texts[-1] for t in live])
         return [Reply(r) if r.passed or last else
-                Reply(r, "What running the code above said:\n" + cut_feedback(r.feedback, self.config.feedback_chars), self.ASK)
+                Reply(r, "What running the code above said:\n" + cut_feedback(r.feedback, self.config.feedback_chars), AGAIN)
                 for r, last in zip(scored, final, strict=True)]
 
 
-class PublicTests:
-    ASK = "Write it again, fixed."
-
-    def __init__(self, rewards: RewardClient, config: EnvConfig):
-        self.rewards, self.config = rewards, config
-
-    def stop(self, stop: list[str]) -> list[str]:
-        return stop
-
+class PublicTests(_Base):
     @staticmethod
     def public(task: Task) -> Task:
         return task.model_copy(update={"tests": task.tests[: task.public_tests], "public_tests": 0})
@@ -109,7 +107,7 @@ class PublicTests:
         for i, r in zip(on_public, public, strict=True):
             if not r.passed:
                 said = cut_feedback(r.feedback, self.config.feedback_chars)
-                replies[i] = Reply(r, "What running the code above on the examples said:\n" + said, self.ASK)
+                replies[i] = Reply(r, "What running the code above on the examples said:\n" + said, AGAIN)
         judged = [i for i, reply in enumerate(replies) if reply is None]
         if judged:
             scored = self.rewards.score([self.private(live[i].task) for i in judged], [live[i].texts[-1] for i in judged])
@@ -118,10 +116,7 @@ class PublicTests:
         return replies
 
 
-class Interpreter:
-    def __init__(self, rewards: RewardClient, config: EnvConfig):
-        self.rewards, self.config = rewards, config
-
+class Interpreter(_Base):
     def stop(self, stop: list[str]) -> list[str]:
         # a probe prints what it wants to see: a continuation's "\nprint(" stop would cut it
         return [self.config.run_marker] + [s for s in stop if "print(" not in s]
