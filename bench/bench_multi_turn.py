@@ -12,6 +12,8 @@ Three training runs of the default config's SFT steps and RL steps, prompts and 
 - interpreter: configs/interpreter.yaml, one run of the code interpreter before the answer, SFT
   with tool-use traces; its evaluations give pass@1 with the tool and single-turn pass@1 of the same
   checkpoint.
+- refine+cost: refine with env.turn_cost 0.2 (a pass in round 2 earns 0.2 less than one in round 1):
+  whether paying for the first attempt keeps it as good as a single-turn policy's.
 
 Each row gives the held-out numbers after SFT and at the end, the RL phase's wall time and the
 trajectories it sampled (and the policy's turns), so that what a gain costs is on the same line.
@@ -25,7 +27,12 @@ from bench.bench_algorithms import run
 from bench.plots import comparison
 
 STEPS = int(os.environ.get("BENCH_MULTI_TURN_STEPS", "60"))
-VARIANTS = {"single": "configs/default.yaml", "refine": "configs/refine.yaml", "interpreter": "configs/interpreter.yaml"}
+VARIANTS = {  # name: (config file, overrides)
+    "single": ("configs/default.yaml", []),
+    "refine": ("configs/refine.yaml", []),
+    "interpreter": ("configs/interpreter.yaml", []),
+    "refine+cost": ("configs/refine.yaml", ["env.turn_cost=0.2"]),
+}
 
 
 def _rates(metrics: dict) -> str:
@@ -44,7 +51,10 @@ def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-multi-turn-")
     chosen = os.environ.get("BENCH_MULTI_TURN_VARIANTS")
     names = chosen.split(",") if chosen else list(VARIANTS)
-    results = {name: run(VARIANTS[name], [], f"{root}/{name}", steps=STEPS) for name in names}
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"BENCH_MULTI_TURN_VARIANTS: unknown {', '.join(unknown)}; valid: {', '.join(VARIANTS)}")
+    results = {name: run(*VARIANTS[name], f"{root}/{name.replace('+', '-')}", steps=STEPS) for name in names}
     print(f"multi-turn environments on the synthetic suite, the default's SFT and {STEPS} RL steps each "
           f"(held-out pass@1, 8 samples per task, T=1; run directories in {root})")
     print("| run | pass@1 after SFT | there: | pass@1 | greedy pass@1 | at the end: | RL time | trajectories | policy turns |")
@@ -54,14 +64,15 @@ def main() -> list[dict]:
         turns = sum(x.get("turns_mean", 1.0) * x["samples"] for x in rl)
         print(f"| {name} | {sft['pass@1']:.3f} | {_rates(sft)} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
               f"{_rates(final)} | {r['rl_seconds']:.0f} s | {r['samples']} | {turns:.0f} |")
-    for name in ("refine", "interpreter"):
+    for name in ("refine", "interpreter", "refine+cost"):
         if name in results and "single" in results:
             r, b = results[name], results["single"]
             print(f"  {name} / single: {r['final']['pass@1'] / max(b['final']['pass@1'], 1e-9):.2f}x pass@1, "
                   f"{r['rl_seconds'] / max(b['rl_seconds'], 1e-9):.2f}x RL time")
-    if "refine" in results:
-        final = results["refine"]["final"]
-        print(f"  refine: round 3 - round 1 = {100 * (final['pass@1_round3'] - final['pass@1_round1']):+.1f} points of held-out pass@1")
+    for name in ("refine", "refine+cost"):
+        if name in results:
+            final = results[name]["final"]
+            print(f"  {name}: round 3 - round 1 = {100 * (final['pass@1_round3'] - final['pass@1_round1']):+.1f} points of held-out pass@1")
     return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "single",
                        {name: r["final"]["pass@1"] for name, r in results.items()})]
 

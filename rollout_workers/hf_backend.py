@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample, prompt_room
+from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample
 from common.weight_sync import (
     BucketPlan,
     Receiver,
@@ -30,8 +30,6 @@ class TransformersBackend:
         eos = self.tokenizer.eos_token_id
         for index, prompt in enumerate(prompts):
             prompt_ids = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
-            if params.truncate_prompt_left:
-                prompt_ids = prompt_ids[-prompt_room(self.context_length, params):]
             greedy = params.temperature == 0
             out = self.model.generate(
                 torch.tensor([prompt_ids]),

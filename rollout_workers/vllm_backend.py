@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample, prompt_room
+from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample
 from common.weight_sync import ADAPTER_PROBE, BucketPlan, Receiver, WeightSyncError, open_group
 
 # vLLM's allowed max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
@@ -69,12 +69,6 @@ class VLLMBackend:
             logprobs=0,  # the sampled token's logprob only
         )
         inputs: list = [{"prompt_token_ids": list(p)} if isinstance(p, list) else p for p in prompts]
-        if params.truncate_prompt_left:
-            room = prompt_room(self.context_length, params)
-            for i, prompt in enumerate(prompts):
-                ids = prompt if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
-                if len(ids) > room:
-                    inputs[i] = {"prompt_token_ids": ids[-room:]}
         # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
         first = self.llm.request_counter.counter
         self.llm.enqueue(inputs, sampling, lora_request=self.lora_request, use_tqdm=False)

@@ -79,29 +79,26 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
             ray.kill(actor)
 
 
-def test_a_prompt_too_long_for_the_engine_keeps_its_end_when_asked(ray_cluster, tiny_model):
-    """Refinement's feedback prompts can outgrow the context (512 positions here): with
-    truncate_prompt_left both engines keep the prompt's last 512 - max_new_tokens tokens and agree;
-    without it vLLM refuses the prompt."""
+def test_both_engines_take_a_prompt_as_token_ids(ray_cluster, tiny_model):
+    """A multi-turn trajectory's context goes to the engines as token ids (never re-tokenized): both
+    engines sample from it what they sample from its text, and the one they refuse is too long."""
     from transformers import AutoTokenizer
 
-    prompt = "# " + "the previous attempt said something long " * 80 + "\n" + PROMPTS[0]
-    ids = AutoTokenizer.from_pretrained(str(tiny_model))(prompt)["input_ids"]
-    assert len(ids) > 512
-    params = GenerationParams(n=1, max_new_tokens=16, temperature=0.0, truncate_prompt_left=True)
+    ids = AutoTokenizer.from_pretrained(str(tiny_model))(PROMPTS[1])["input_ids"]
+    params = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
     workers = [RolloutWorker.remote(str(tiny_model), backend, threads=1) for backend in ("vllm", "transformers")]
     try:
-        outs = [RolloutGroup([w]).generate([prompt, PROMPTS[1]], params) for w in workers]
+        outs = [RolloutGroup([w]).generate([PROMPTS[1], ids], params) for w in workers]
         with pytest.raises(Exception, match="maximum context length is 512 tokens"):
-            RolloutGroup(workers[:1]).generate([prompt], GenerationParams(n=1, max_new_tokens=16, temperature=0.0))
+            RolloutGroup(workers[:1]).generate([ids * 40], params)
+        assert ray.get([w.context_length.remote() for w in workers]) == [512, 512]
     finally:
         for w in workers:
             ray.kill(w)
-    for rollouts in outs:
-        assert rollouts[0].prompt_ids == ids[-(512 - 16):]
-        assert len(rollouts[0].samples[0].token_ids) >= 1
-    assert outs[0][1].prompt_ids == outs[1][1].prompt_ids  # a prompt that fits is left whole
-    assert [r.samples[0].token_ids for r in outs[0]] == [r.samples[0].token_ids for r in outs[1]]
+    for as_text, as_ids in outs:
+        assert as_text.prompt_ids == as_ids.prompt_ids == ids
+        assert as_text.samples[0].token_ids == as_ids.samples[0].token_ids
+    assert outs[0][0].samples[0].token_ids == outs[1][0].samples[0].token_ids
 
 
 def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
