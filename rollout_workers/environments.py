@@ -42,7 +42,7 @@ class Reply:
 @dataclass
 class Live:
     """A live trajectory as an environment sees it: the task (as the reward service scores its
-    answers), the text of each policy turn so far, and how many tools calls it made."""
+    answers), the text of each policy turn so far, the stop sequence each ended at, and how many tool calls it made."""
 
     task: Task
     texts: list[str]

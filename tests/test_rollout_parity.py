@@ -81,7 +81,8 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
 
 def test_both_engines_take_a_prompt_as_token_ids(ray_cluster, tiny_model):
     """A multi-turn trajectory's context goes to the engines as token ids (never re-tokenized): both
-    engines sample from it what they sample from its text, and the one they refuse is too long."""
+    engines sample from it what they sample from its text, and report their context length (the
+    strategy ends a trajectory whose next turn would not fit in it)."""
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(str(tiny_model))(PROMPTS[1])["input_ids"]
@@ -89,8 +90,6 @@ def test_both_engines_take_a_prompt_as_token_ids(ray_cluster, tiny_model):
     workers = [RolloutWorker.remote(str(tiny_model), backend, threads=1) for backend in ("vllm", "transformers")]
     try:
         outs = [RolloutGroup([w]).generate([PROMPTS[1], ids], params) for w in workers]
-        with pytest.raises(Exception, match="maximum context length is 512 tokens"):
-            RolloutGroup(workers[:1]).generate([ids * 40], params)
         assert ray.get([w.context_length.remote() for w in workers]) == [512, 512]
     finally:
         for w in workers:
