@@ -27,20 +27,8 @@ from reward_service.tasks import Task
 from rollout_workers.config import EnvConfig, PromptConfig
 from rollout_workers.environments import Environment, Live, Reply, make_environment
 from rollout_workers.group import RolloutGroup
-from rollout_workers.prompts import (
-    answered_task,
-    follow_up,
-    generation_params,
-    render,
-    uses_chat_template,
-)
-from rollout_workers.types import (
-    GenerationParams,
-    PromptRollout,
-    Rollouts,
-    Trajectory,
-    Turn,
-)
+from rollout_workers.prompts import answered_task, follow_up, generation_params, render, uses_chat_template
+from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn
 
 
 class RolloutStrategy(Protocol):
