@@ -73,7 +73,7 @@ def main() -> list[dict]:
         if name in results:
             final = results[name]["final"]
             print(f"  {name}: round 3 - round 1 = {100 * (final['pass@1_round3'] - final['pass@1_round1']):+.1f} points of held-out pass@1")
-    return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "single",
+    return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "single" if "single" in results else names[0],
                        {name: r["final"]["pass@1"] for name, r in results.items()})]
 
 
