@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install train test bench clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
+.PHONY: install train test bench soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ sandbox-image: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# A long run of the default pipeline that samples what each process holds, then the verdict
+# (coderloo/soak.py); exits non-zero when a series grows. It replaces the last soak's runs/soak.
+# SOAK_STEPS shortens it (a check of the soak itself).
+SOAK_STEPS ?= 1000
+soak: $(STAMP)
+	$(VENV)/bin/coderloo train --config configs/soak.yaml --overwrite train.steps=$(SOAK_STEPS) $(ARGS)
+	$(PY) -m coderloo.soak runs/soak --chart bench/plots/soak.png --results bench/results.md
 
 # --- On a Ray cluster (README: "On a Ray cluster") ---
 CLUSTER ?= cluster.yaml

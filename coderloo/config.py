@@ -123,6 +123,15 @@ class TrainConfig(Section):
     prompts_per_step: int = Field(default=32, ge=1, description="Prompts per RL step (each sampled k times).")
     eval_every: int = Field(default=25, ge=0, description="Held-out evaluation every N RL steps (0: start and end only).")
     checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
+    max_skipped_steps: int = Field(
+        default=3, ge=1,
+        description="A step whose loss or gradient norm is not finite (NaN or inf; from a non-finite advantage, "
+        "logprob or overflow) is skipped: the weights stay as they were and nothing is pushed. This many skipped "
+        "steps in a row stop the run with an error (its last checkpoint is as it was).")
+    resources_every: int = Field(
+        default=10, ge=0, description="Every N RL steps, a `resources` record in metrics.jsonl: memory, descriptors and "
+        "child processes of the driver and each actor on this node, /dev/shm, the run directory, leaked sandbox "
+        "processes (coderloo/resources.py; `python -m coderloo.soak RUN_DIR` judges them). 0: none.")
     output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
     seed: int = Field(default=0, description="Seed of task sampling.")
     replay_groups: int = Field(

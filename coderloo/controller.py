@@ -31,6 +31,7 @@ from coderloo.loggers import RunLog, check_installed
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
 from coderloo.report import write_report
+from coderloo.resources import ResourceSampler
 from coderloo.rundir import claim
 from coderloo.runtime import LOCAL_SANDBOX_SLOTS, REPO_ROOT, init_ray, metrics_endpoint
 from coderloo.tasksets.loading import load_tasks
@@ -177,14 +178,49 @@ def refill(rollouts: Rollouts, wanted: int, rounds: int, generate) -> tuple[Roll
                       "refill_surplus_groups": drawn - len(kept)}
 
 
-def push_weights(rollouts_group: RolloutGroup) -> dict:
-    """Push the learner's weights; if a worker died during the push, wait for it and push again."""
+def push_weights(rollouts_group: RolloutGroup, learner: LearnerGroup) -> dict:
+    """Push the learner's weights; if a worker died during the push, wait for it and push again
+    (a learner rank that died is not waited for: LearnerError)."""
     try:
         return rollouts_group.push()
     except WeightSyncError as e:
+        learner.check_alive("the weight push")
         tqdm.write(f"weight push failed ({e}); recovering the rollout workers")
         rollouts_group.recover()
         return rollouts_group.push()
+
+
+class NonFiniteError(RuntimeError):
+    """Too many steps in a row had a non-finite loss or gradient norm (the run stops)."""
+
+
+class SkippedSteps:
+    """Steps the learner did not take for a non-finite loss or gradient norm (Learner._step_engine
+    drops them: the weights stay as they were, nothing is pushed); `limit` in a row stop the run."""
+
+    def __init__(self, limit: int, checkpoints: Path):
+        self.limit, self.checkpoints, self.in_row = limit, checkpoints, []
+
+    def applied(self, phase: str, step: int, stats: dict, optimizer_steps: int) -> bool:
+        """Whether the step changed the weights (`check` raises once too many in a row did not)."""
+        skipped = int(stats.get("skipped_optimizer_steps") or 0)
+        if not skipped:
+            self.in_row = []
+            return True
+        self.in_row.append(step)
+        tqdm.write(f"[{phase} step {step}] {skipped} of {optimizer_steps} optimizer steps skipped: non-finite loss or "
+                   f"gradient norm (loss {stats.get('loss', stats.get('sft_loss'))}, grad_norm {stats.get('grad_norm')}); those were not taken")
+        return skipped < optimizer_steps
+
+    def check(self, phase: str) -> None:
+        """Raise NonFiniteError when `limit` steps in a row were skipped."""
+        if len(self.in_row) >= self.limit:
+            last = latest_checkpoint(self.checkpoints)
+            raise NonFiniteError(
+                f"{phase} steps {self.in_row[0]}-{self.in_row[-1]}: {len(self.in_row)} steps in a row had a non-finite loss or gradient norm "
+                f"(train.max_skipped_steps {self.limit}); the run stops with the weights of before them. "
+                + (f"The last checkpoint, {last}, is intact: `--resume` continues from it (after lowering learner.lr, "
+                   "or fixing what makes the rewards or advantages non-finite)." if last else "No checkpoint was written yet."))
 
 
 def check_local_resources(config: Config) -> None:
@@ -249,12 +285,13 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
     learner = LearnerGroup(str(model_path), config.learner, sft_lr=config.sft.lr, name=out.name)
     workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name,
                             lora_rank=config.learner.pushed_adapter_rank)
-    rollouts_group = RolloutGroup(workers, config.rollout.weight_sync)
+    rollouts_group = RolloutGroup(workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s)
     strategy = make_strategy(rollouts_group, rewards_service, config.env, tokenizer, config.prompt)
     single = SingleAttempt(rollouts_group, rewards_service, tokenizer, config.prompt) if config.env.multi_turn else None
     critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
     try:
         rollouts_group.connect(learner.weight_sources)
+        resources = ResourceSampler(out) if config.train.resources_every else None  # the soak's series (coderloo/soak.py)
         rollout, learn = config.rollout, config.learner
         k = rollout.samples_per_prompt
 
@@ -267,6 +304,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             return result
 
         draw = TaskDraw(train_tasks, config.train.prompts_per_step, config.curriculum, rng)
+        skips = SkippedSteps(config.train.max_skipped_steps, ckpt_root)
         if state is None:
             base = run_eval("base", 0)
             # --- SFT warm-up on reference solutions ---
@@ -277,7 +315,10 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
                     demos = demonstrations(train_tasks, make_environment(config.env, rewards_service), config.env, tokenizer, config.prompt)
                 tqdm.write(f"{len(demos)} multi-turn SFT examples ({config.env.name}) from {len(train_tasks)} training tasks")
             for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
-                metrics.write("sft", step + 1, **learner.sft_step(sft_batch(examples, demos, config.sft.batch_size, config.sft.demonstrations, rng)))
+                stats = learner.sft_step(sft_batch(examples, demos, config.sft.batch_size, config.sft.demonstrations, rng))
+                metrics.write("sft", step + 1, **stats)
+                skips.applied("sft", step + 1, stats, 1)
+                skips.check("sft")
             if config.sft.steps:
                 rollouts_group.push()
             if learn.lora is not None and learn.lora.start == "rl":
@@ -364,15 +405,19 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             if len(sequences) >= learn.optimizer_steps * learn.num_ranks:  # else every group was uniform
                 stats = learner.train_step(sequences, learn.loss_config(step, temperature, rollout.max_new_tokens))
             t_learn = time.time()
-            if stats:
-                sync = push_weights(rollouts_group)
+            if stats and skips.applied("rl", step, stats, learn.optimizer_steps):
+                sync = push_weights(rollouts_group, learner)
 
             # 5. metrics, evaluation, checkpoint
             record = step_record(step, t0, t_ready, t_learn, run_start, first_step, rollouts_group.version, rollout_summary,
                                  rollouts.metrics, batch.metrics, stats, sync, rewards_service.retries,
                                  critic_step.metrics() if critic_step else {}, kl_coef=learn.kl_coef_at(step),
-                                 temperature=temperature, curriculum_level=draw.curriculum.level, **refill_metrics)
+                                 temperature=temperature, curriculum_level=draw.curriculum.level,
+                                 rollout_workers_stuck=rollouts_group.stuck, **refill_metrics)
             metrics.write("rl", step, **record)
+            skips.check("rl")
+            if resources is not None and step % config.train.resources_every == 0:
+                metrics.write("resources", step, **resources.sample())
             monitor.step_done(step, record)
             shown = rng.randrange(len(rollouts.groups))  # one group per step, to read what the policy writes
             group = rollouts.groups[shown]

@@ -1,10 +1,13 @@
 """Metrics: one JSON line per event, and a PNG of reward and held-out pass rate at the end."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
+from coderloo.checkpoint import atomic_write
 from reward_service.tasks import TaskFileError, jsonl_records
 
 
@@ -19,12 +22,24 @@ class MetricsLog:
             self.path.write_text("")
             return
         kept = [r for r in read_metrics(self.path) if r["phase"] == "sft" or r["step"] <= resume_from]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))  # a full disk leaves the file as it was
 
     def write(self, phase: str, step: int, **values) -> None:
+        """Append one line, whole or not at all: a write cut short (a full disk) is taken back, so
+        that the file still reads, and `--resume`, once there is space again, finds every line."""
         record = {"phase": phase, "step": step, "time": round(time.time(), 3), **values}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            end = os.fstat(fd).st_size
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, f"{self.path}: a line was written in part", str(self.path))
+            except OSError:
+                os.ftruncate(fd, end)
+                raise
+        finally:
+            os.close(fd)
 
 
 class MetricsFileError(ValueError):

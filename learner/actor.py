@@ -10,6 +10,7 @@ gradient does not depend on how the batch was split.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 import ray
 import torch
 
+from common.memory import limit_own_memory
 from common.weight_sync import WeightSource
 from learner import lora
 from learner.batch import PackedBatch, TrainSequence, pack
@@ -52,6 +54,17 @@ def named_weights(model, base: bool = False) -> dict[str, torch.Tensor]:
     return named
 
 
+def every_rank(flag: bool, world_size: int) -> bool:
+    """Whether `flag` holds on every rank of the learner's group (an all-reduce: all ranks call it)."""
+    if world_size == 1:
+        return flag
+    import torch.distributed as dist  # here: a method of the actor class that named it would not pickle
+
+    agreed = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
+
+
 def copy_tokenizer_files(model_path: str | Path, out: str | Path) -> None:
     """Copy the tokenizer files as they are: re-saving through a loaded class can change them."""
     for name in os.listdir(model_path):
@@ -74,6 +87,14 @@ class Learner(WeightSource):
         self.config = config
         self.rank = rank
         self.world_size = world_size
+        self.cgroup = None
+        if config.memory_limit_mb is not None:
+            name = ray.get_runtime_context().get_actor_name() or f"coderloo-learner-{rank}-{os.getpid()}"
+            self.cgroup = limit_own_memory(name, config.memory_limit_mb)
+
+    def memory_cgroup(self) -> str | None:
+        """The memory cgroup that holds this rank's limit (learner.memory_limit_mb), or None."""
+        return self.cgroup
 
     def rendezvous_address(self) -> tuple[str, int]:
         from common.placement import node_address_and_port
@@ -229,6 +250,7 @@ class Learner(WeightSource):
         )
         totals: dict[str, float] = {}
         passes = sum(len(micros) for micros, _, _ in minis)
+        finite, skipped, skipped_value = True, 0, 0  # non-finite losses of the mini-batch; optimizer steps not taken
         separate_value = loss_config.train_value and not self.shared_value
         if separate_value:
             self._value_model().train()
@@ -261,12 +283,18 @@ class Learner(WeightSource):
                         self.value_engine.backward(v_loss.to(self.engine.device), scale_wrt_gas=False)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 stats["loss"] = loss.item()
+                finite = finite and math.isfinite(stats["loss"])
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value / passes
-            self._step()
+            skipped += not self._step(finite)
             if separate_value:
-                totals["value_grad_norm"] = self._step_engine(self.value_engine)
+                totals["value_grad_norm"], value_applied = self._step_engine(self.value_engine, finite)
+                skipped_value += not value_applied
+            finite = True
         totals["grad_norm"] = self.grad_norm
+        totals["skipped_optimizer_steps"] = float(skipped)
+        if separate_value:
+            totals["skipped_value_steps"] = float(skipped_value)
         totals["learner_rss_mb_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this rank's peak so far
         totals["sampler_logprob_diff_sum"] = diffs.sum().item()
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
@@ -296,29 +324,48 @@ class Learner(WeightSource):
         """One optimizer step of next-token loss on the reference completions of `work`."""
         self._set_lr(lr)
         self.engine.train()
-        total = 0.0
+        total, skipped = 0.0, 0
         for micros, normalizer, _ in work:
+            finite = True
             for seqs in micros:
                 batch = pack(seqs, self.pad_id)
                 loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask, normalizer / self.world_size)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 total += loss.item() / self.world_size
-            self._step()
-        return {"sft_loss_sum": total, "grad_norm": self.grad_norm}
+                finite = finite and math.isfinite(total)
+            skipped += not self._step(finite)
+        return {"sft_loss_sum": total, "grad_norm": self.grad_norm, "skipped_optimizer_steps": float(skipped)}
 
-    def _step(self) -> None:
-        """The policy's engine.step() (the accumulation boundary), recording the gradient norm."""
-        self.grad_norm = self._step_engine(self.engine)
+    def _step(self, finite: bool = True) -> bool:
+        """The policy's engine.step() (the accumulation boundary), recording the gradient norm;
+        False when the step was not taken (see _step_engine)."""
+        self.grad_norm, applied = self._step_engine(self.engine, finite)
+        return applied
 
-    def _step_engine(self, engine) -> float | None:
-        """engine.step(); the gradient norm before clipping."""
+    def _step_engine(self, engine, finite: bool = True) -> tuple[float | None, bool]:
+        """engine.step() unless a loss of the mini-batch (`finite` false on any rank) or the
+        gradient is not finite: then the gradients are dropped and the weights stay as they were.
+        Returns the gradient norm before clipping and whether the step was taken.
+
+        Every rank decides alike (one all-reduce): ZeRO's step is a collective. Where gradients
+        are still whole on each rank before the step (ZeRO 0-1) we check them ourselves; ZeRO-2/3
+        reduce them into partitions during backward, and their step() finds a non-finite norm
+        itself and discards the step, which we then read from the norm it reports (a non-finite
+        loss gives non-finite gradients: the backward of NaN or inf is NaN).
+        """
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        own = float(torch.nn.utils.get_total_norm(grads)) if grads and self.world_size == 1 else None
+        local = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        ok = every_rank(finite and math.isfinite(local), self.world_size)
+        partitioned = self.config.zero_stage >= 2
+        if not ok and not partitioned:
+            engine.zero_grad()
+            return local, False
         engine.step()
         # ZeRO optimizers report the norm of the reduced gradients; with a plain optimizer on
         # one rank the gradients are whole before the step and we measured them ourselves.
         reported = engine.get_global_grad_norm()
-        return float(reported) if reported is not None else own
+        norm = float(reported) if reported is not None else (local if self.world_size == 1 else None)
+        return norm, ok and (norm is None or math.isfinite(norm))
 
     def _whole_parameters(self, trainable_only: bool = False):
         """ZeRO-3 keeps a shard of each parameter per rank: gather them to read whole weights

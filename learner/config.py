@@ -75,6 +75,14 @@ class LearnerConfig(Section):
         "seq_mean_token_sum_norm: the sequence count times rollout.max_new_tokens (Dr. GRPO: a constant).",
     )
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    memory_limit_mb: float | None = Field(
+        default=None, gt=0,
+        description="Each rank's memory limit (MiB), held by a memory cgroup of its own (common/memory.py; needs root or a "
+        "delegated cgroup): a rank that outgrows it is the one the kernel kills, and the run stops saying so. None: no limit.")
+    step_timeout_s: float = Field(
+        default=1800.0, gt=0,
+        description="A learner call (a step, a save) that no rank finishes in this time is a hang: the learner is "
+        "stopped and the run ends with an error naming the ranks that did not answer.")
     clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio (both sides unless clip_eps_low/high say otherwise).")
     clip_eps_low: float | None = Field(default=None, gt=0, lt=1, description="The ratio's lower clip 1 - clip_eps_low (null: clip_eps).")
     clip_eps_high: float | None = Field(

@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import ray
 
+from common.memory import oom_kills
 from common.placement import placement_options
 from common.progress import working
 from learner.actor import Learner, Work
 from learner.batch import TrainSequence
 from learner.losses import LossConfig, loss_normalizer
 from learner.packing import deal_to_ranks, split_even
+
+
+class LearnerError(RuntimeError):
+    """A learner rank died or stopped answering; the message names it, what it was doing and what to change."""
 
 
 class LearnerGroup:
@@ -35,6 +41,8 @@ class LearnerGroup:
         with working(f"learner: compiling DeepSpeed's {', '.join(unbuilt)} (once per machine, about 2 min on 2 cores)") \
                 if unbuilt else contextlib.nullcontext():
             ray.get(setups)
+        self.cgroups = ray.get([r.memory_cgroup.remote() for r in self.ranks])
+        self.oom_kills_before = [oom_kills(c) if c else 0 for c in self.cgroups]  # a resumed run's ranks reuse their cgroups
 
     # --- splitting work ---
 
@@ -54,14 +62,14 @@ class LearnerGroup:
     def train_step(self, sequences: list[TrainSequence], loss: LossConfig) -> dict[str, float]:
         """One RL step: the ranks apply `loss` to `sequences` (with their per-token advantages)."""
         work = self._deal(sequences, self.config.optimizer_steps, loss.aggregation, loss.max_new_tokens)
-        results = ray.get([r.train_step.remote(w, loss) for r, w in zip(self.ranks, work)])
-        return merge_stats(results)
+        return merge_stats(self._wait([r.train_step.remote(w, loss) for r, w in zip(self.ranks, work)], "train_step"))
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of next-token loss (token mean) on (prompt ids, completion ids) pairs."""
         work = self._deal([TrainSequence(p, c) for p, c in examples], 1, "token_mean")
-        results = ray.get([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)])
-        return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"]}
+        results = self._wait([r.sft_step.remote(w, self.sft_lr) for r, w in zip(self.ranks, work)], "sft_step")
+        return {"sft_loss": sum(r["sft_loss_sum"] for r in results), "grad_norm": results[0]["grad_norm"],
+                "skipped_optimizer_steps": results[0]["skipped_optimizer_steps"]}
 
     def token_stats(self, sequences: list[TrainSequence], temperature: float, kl: bool, values: bool
                     ) -> tuple[list[list[float]] | None, list[list[float]] | None]:
@@ -69,9 +77,9 @@ class LearnerGroup:
         penalty in the reward); with `values`, the value model's estimate (PPO). None where not asked."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
         dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))
-        results = ray.get([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
-                                                self.config.kl_estimator if kl else None, values)
-                           for r, micros in zip(self.ranks, dealt)])
+        results = self._wait([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
+                                                    self.config.kl_estimator if kl else None, values)
+                              for r, micros in zip(self.ranks, dealt)], "token_stats")
         out: list[list[list[float]] | None] = [[[] for _ in sequences] if asked else None for asked in (kl, values)]
         for micros, per_rank in zip(dealt, results):
             for column, rows in zip(out, per_rank):
@@ -98,14 +106,57 @@ class LearnerGroup:
         return ray.get(self.ranks[0].parameter_counts.remote())
 
     def save(self, path: str, with_state: bool = False) -> None:
-        ray.get([r.save.remote(path, with_state) for r in self.ranks])
+        self._wait([r.save.remote(path, with_state) for r in self.ranks], "save")
 
     def load_state(self, path: str) -> None:
-        ray.get([r.load_state.remote(path) for r in self.ranks])
+        self._wait([r.load_state.remote(path) for r in self.ranks], "load_state")
+
+    def check_alive(self, during: str) -> None:
+        """Raise LearnerError (as a call would) if a rank died `during` something that is not a learner call."""
+        self._wait([r.memory_cgroup.remote() for r in self.ranks], during)
+
+    def _wait(self, refs: list, what: str) -> list:
+        """Each rank's answer to `what`, in rank order. A rank that dies (or raises) ends the wait at
+        once: the others would wait for it in their next collective until gloo's or NCCL's own
+        timeout (30 minutes). A call that no rank finishes within learner.step_timeout_s is a hang
+        (a collective that a stopped or lost rank never joins): every rank is killed and
+        LearnerError says which ranks had not answered."""
+        deadline = time.monotonic() + self.config.step_timeout_s
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                late = [f"rank {refs.index(r)}" for r in pending]
+                self.kill()
+                raise LearnerError(
+                    f"learner {', '.join(late)} did not finish {what} within learner.step_timeout_s={self.config.step_timeout_s:g} s: "
+                    "stuck (a collective that another rank never joined, or a stopped process); the learner was stopped. "
+                    "Raise learner.step_timeout_s if a step of this size takes longer.")
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                rank = refs.index(ready[0])
+                self.kill()
+                oom = self.cgroups[rank] is not None and oom_kills(self.cgroups[rank]) > self.oom_kills_before[rank]  # read on this node
+                raise LearnerError(f"learner rank {rank} died during {what}: {died_because(e, self.config, oom)}") from e
+            except ray.exceptions.RayTaskError:
+                self.kill()
+                raise
+        return ray.get(refs)
 
     def kill(self) -> None:
         for r in self.ranks:
             ray.kill(r)
+
+
+def died_because(error: ray.exceptions.RayActorError, config, oom: bool) -> str:
+    """Why a rank died (Ray's words), and what to change when it was killed for memory."""
+    said = " ".join(str(error).split())[:800]
+    if not oom:
+        return said
+    return (f"the kernel killed it for memory: it outgrew learner.memory_limit_mb={config.memory_limit_mb:g} MiB. Lower "
+            "learner.max_tokens_per_micro_batch, use a higher learner.zero_stage or more learner.num_ranks, or raise "
+            f"learner.memory_limit_mb. (Ray: {said})")
 
 
 def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:

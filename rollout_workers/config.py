@@ -51,6 +51,15 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0, le=1, description="Share of its GPU's memory vLLM takes for weights and KV cache (GPU workers only).")
     max_model_len: int | None = Field(default=None, ge=1, description="vLLM's longest prompt + completion (None: the model's).")
+    memory_limit_mb: float | None = Field(
+        default=None, gt=0,
+        description="Each worker's memory limit (MiB), held by a memory cgroup of its own (common/memory.py; needs root or a "
+        "delegated cgroup): a worker that outgrows it is killed by the kernel, Ray restarts it and its prompts are "
+        "generated again. None: no limit.")
+    stuck_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="A worker that hands over no finished prompt in this time while it has some in flight is stuck "
+        "(not dead: stopped, deadlocked): it is killed, Ray restarts it and its prompts are generated again.")
 
     @model_validator(mode="after")
     def _engine_options(self) -> "RolloutConfig":

@@ -19,19 +19,22 @@ class RolloutGroup:
     `generate_each` splits a step's prompts into one chunk per worker and sends each chunk to the
     worker with the fewest prompts in flight, all at once (each engine batches its chunk
     continuously), and hands each prompt's samples on as soon as they are finished. A worker that
-    dies meanwhile is survived here, and only here: Ray restarts it, `recover` brings it back with
-    the current weights, and what it had not finished is generated again.
+    dies meanwhile, or is stuck (hands over nothing for `stuck_timeout_s`: it is killed), is
+    survived here, and only here: Ray restarts it, `recover` brings it back with the current
+    weights, and what it had not finished is generated again.
     `push` broadcasts the sender's weights into every engine under a new, increasing version.
 
     The weight sources are actors with the methods of `WeightSource` (the learner's ranks): the
     first one sends; the others only take part in gathering the weights (ZeRO-3).
     """
 
-    def __init__(self, workers: list, sync: WeightSyncConfig | None = None):
+    def __init__(self, workers: list, sync: WeightSyncConfig | None = None, stuck_timeout_s: float = 600.0):
         if not workers:
             raise ValueError("a rollout group needs at least one worker")
         self.workers = list(workers)
         self.sync = sync or WeightSyncConfig()
+        self.stuck_timeout_s = stuck_timeout_s
+        self.stuck = 0  # workers killed for handing nothing over within stuck_timeout_s
         self.version = 0
         self._inflight: list[dict[ray.ObjectRef, int]] = [{} for _ in self.workers]
         self._sources: list = []
@@ -52,11 +55,11 @@ class RolloutGroup:
                 del pending[ref]
         return sum(pending.values())
 
-    def stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None) -> list[tuple[int, object]]:
+    def stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None) -> list[tuple[int, int, object]]:
         """Start generation for `prompts`, one chunk per worker, each to the least-loaded worker:
-        [(offset of the chunk, a generator of refs to (index within the chunk, PromptRollout) in
-        the order the prompts finish)]. With `seed`, chunk i is sampled with seed + i, whichever
-        worker takes it."""
+        [(offset of the chunk, the worker's index, a generator of refs to (index within the chunk,
+        PromptRollout) in the order the prompts finish)]. With `seed`, chunk i is sampled with
+        seed + i, whichever worker takes it."""
         share = -(-len(prompts) // len(self.workers))
         out = []
         with self._dispatch_lock:
@@ -66,7 +69,7 @@ class RolloutGroup:
                 call = self.workers[index].generate_stream.options(num_returns="streaming")
                 ref = call.remote(chunk, params, None if seed is None else seed + i, self.version)
                 self._inflight[index][ref] = len(chunk)
-                out.append((start, ref))
+                out.append((start, index, ref))
         return out
 
     def generate_each(self, prompts: list[Prompt], params: GenerationParams, seed: int | None,
@@ -79,9 +82,17 @@ class RolloutGroup:
         errors: list[BaseException] = []
         redos = 0
 
-        def consume(indices: list[int], generator) -> None:
+        def consume(indices: list[int], worker: int, generator) -> None:
             try:
-                for ref in generator:
+                while True:
+                    # a worker that hands nothing over for stuck_timeout_s is stuck: killed, it is a death
+                    if not ray.wait([generator], timeout=self.stuck_timeout_s)[0]:
+                        self.stuck += 1
+                        ray.kill(self.workers[worker], no_restart=False)  # Ray restarts it
+                    try:
+                        ref = next(generator)
+                    except StopIteration:
+                        return
                     local, rollout = ray.get(ref)
                     done(indices[local], rollout)
                     finished.add(indices[local])
@@ -97,8 +108,8 @@ class RolloutGroup:
         while todo:
             redo_seed = None if seed is None else seed + 7919 * redos
             consumers = [
-                threading.Thread(target=consume, args=(todo[offset:], generator), daemon=True)
-                for offset, generator in self.stream([prompts[i] for i in todo], params, redo_seed)
+                threading.Thread(target=consume, args=(todo[offset:], worker, generator), daemon=True)
+                for offset, worker, generator in self.stream([prompts[i] for i in todo], params, redo_seed)
             ]
             for c in consumers:
                 c.start()
@@ -150,20 +161,26 @@ class RolloutGroup:
         return self._plans[-1] if self._plans else None
 
     def recover(self) -> None:
-        """After a worker died: wait until every worker answers again (Ray restarts them), then
-        form the broadcast group anew and push the current weights as a new version.
+        """After a worker died: wait until every worker answers again (Ray restarts them; one that
+        does not answer in stuck_timeout_s is killed first), then form the broadcast group anew and
+        push the current weights as a new version.
 
         Safe to call from several threads; once the group is whole again, later calls return.
         """
         with self._sync_lock:
-            deadline = time.time() + self.sync.timeout_s
+            deadline = time.time() + self.stuck_timeout_s + self.sync.timeout_s  # a stuck one is killed, then restarts
             pids = None
             while pids is None:
+                refs = [w.status.remote() for w in self.workers]
                 try:
-                    pids = [p for p, _ in ray.get([w.status.remote() for w in self.workers], timeout=self.sync.timeout_s)]
+                    pids = [p for p, _ in ray.get(refs, timeout=self.stuck_timeout_s)]
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     if time.time() > deadline:
-                        raise WeightSyncTimeout(f"rollout workers did not come back within {self.sync.timeout_s:.0f} s") from None
+                        raise WeightSyncTimeout(f"rollout workers did not come back within {self.stuck_timeout_s + self.sync.timeout_s:.0f} s") from None
+                    for worker, ref in zip(self.workers, refs):
+                        if not ray.wait([ref], timeout=0)[0]:  # alive but not answering: stuck, killed (Ray restarts it)
+                            self.stuck += 1
+                            ray.kill(worker, no_restart=False)
                     time.sleep(1.0)
             if pids == self._pids and self._healthy:
                 return  # another thread has recovered already

@@ -165,7 +165,7 @@ def test_stale_or_repeated_version_is_refused(ray_cluster, tiny_model):
 
 def drain(chunks) -> list:
     """Every rollout of RolloutGroup.stream's chunks, waiting for each chunk to finish."""
-    return [ray.get(ref)[1] for _, generator in chunks for ref in generator]
+    return [ray.get(ref)[1] for _, _, generator in chunks for ref in generator]
 
 
 def test_least_loaded_dispatch_spreads_concurrent_requests(ray_cluster, tiny_model):
