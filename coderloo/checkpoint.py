@@ -69,6 +69,21 @@ def write_checkpoint(root: str | Path, name: str, write_model: Callable[[Path], 
     return final
 
 
+def prune_checkpoints(root: str | Path, keep: int) -> list[str]:
+    """Remove all but the `keep` newest whole checkpoints (by step) under `root`; the one `latest`
+    names and the one `final` links to always stay. Returns the names removed."""
+    root = Path(root)
+    protected = {(root / "latest").read_text().strip()} if (root / "latest").exists() else set()
+    if (root / "final").is_symlink():
+        protected.add(os.readlink(root / "final"))
+    whole = sorted((p for p in root.glob("step_*") if p.is_dir() and (p / STATE_FILE).exists()),
+                   key=lambda p: read_state(p)["step"])
+    removed = [p.name for p in whole[:-keep] if p.name not in protected] if keep else []
+    for name in removed:
+        shutil.rmtree(root / name)
+    return removed
+
+
 def _disk_full(error: BaseException) -> bool:
     """Whether `error` (or what caused it, through Ray's task errors) is a write refused for lack of
     space: ENOSPC, or the words for it where a library turned it into its own error (safetensors'

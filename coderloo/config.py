@@ -123,6 +123,10 @@ class TrainConfig(Section):
     prompts_per_step: int = Field(default=32, ge=1, description="Prompts per RL step (each sampled k times).")
     eval_every: int = Field(default=25, ge=0, description="Held-out evaluation every N RL steps (0: start and end only).")
     checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N RL steps (0: only at the end).")
+    keep_checkpoints: int = Field(
+        default=0, ge=0,
+        description="How many of the newest checkpoints stay; older ones are removed once a newer one is whole "
+        "(the one `latest` names always stays). 0: all (a long run's checkpoints then fill its disk: 6 GB each at 0.5B).")
     max_skipped_steps: int = Field(
         default=3, ge=1,
         description="A step whose loss or gradient norm is not finite (NaN or inf; from a non-finite advantage, "

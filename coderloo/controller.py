@@ -21,7 +21,7 @@ import ray
 import torch
 from tqdm import tqdm
 
-from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
+from coderloo.checkpoint import latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
 from coderloo.cluster_files import local_placement_problems
 from coderloo.config import Config, ConfigError, dump_config
 from coderloo.console import RunConsole
@@ -353,6 +353,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
                     critic.save(directory)
 
             write_checkpoint(ckpt_root, name, write_model, controller_state)
+            prune_checkpoints(ckpt_root, config.train.keep_checkpoints)
 
         def sampling(step: int) -> GenerationParams:
             return GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature_at(step),

@@ -7,7 +7,7 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from coderloo.checkpoint import latest_checkpoint, read_state, write_checkpoint
+from coderloo.checkpoint import latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
@@ -63,6 +63,18 @@ def config_for(tiny_model, out, steps):
             "eval.greedy=false",
         ],
     )
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 10, 11):  # by step, not by name (step_10 sorts before step_2)
+        write_checkpoint(root, f"step_{step}", lambda d: (d / "model.bin").write_bytes(b"w"), {"step": step})
+    (root / "final").symlink_to("step_1")
+    (root / ".step_12.partial").mkdir()  # a checkpoint being written is not one to prune
+    assert prune_checkpoints(root, keep=2) == ["step_2"]  # step_1 stays: `final` links to it
+    assert sorted(p.name for p in root.iterdir()) == [".step_12.partial", "final", "latest", "step_1", "step_10", "step_11"]
+    assert latest_checkpoint(root) == root / "step_11"
+    assert prune_checkpoints(root, keep=0) == []  # 0 keeps all
 
 
 def test_resume_continues_exactly(ray_cluster, tiny_model, tmp_path):
