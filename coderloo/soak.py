@@ -13,9 +13,9 @@ of `RELATIVE` of the series' median and a floor per kind (50 MB of memory, 8 des
 processes, ...): allocator noise and a worker pool that breathes are not leaks.
 
 Some series grow by design and are judged otherwise: the run's records (metrics, samples, logs)
-are appended to every step, so they may grow by at most `RECORD_BUDGET_MB` per step; and every
-checkpoint is kept (there is no retention), so their count and total size are shown, not judged,
-while the latest checkpoint's size must stay flat.
+are appended to every step, so they may grow by at most `RECORD_BUDGET_MB` per step. Checkpoints
+are judged like the rest: the soak keeps the newest few (`train.keep_checkpoints`), so their
+count and total size must stay flat too, as must the latest one's size.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ MIN_SAMPLES = 5  # judged samples needed for a verdict
 RECORD_BUDGET_MB = 0.25  # per RL step: what metrics.jsonl, samples.jsonl and the logs may add
 # The smallest growth over the judged steps that counts, per series kind (the key's prefix).
 FLOORS = {"rss_mb": 50.0, "fds": 8.0, "children": 2.0, "dev_shm_mb": 20.0, "run_dir_other_mb": 20.0,
-          "checkpoint_latest_mb": 20.0, "checkpoints_partial": 1.0, "sandbox_leaked_processes": 1.0}
-SHOWN_ONLY = {"checkpoints", "checkpoints_mb"}  # grow by design: one more per checkpoint_every
+          "checkpoint_latest_mb": 20.0, "checkpoints": 1.0, "checkpoints_mb": 20.0, "checkpoints_partial": 1.0,
+          "sandbox_leaked_processes": 1.0}
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Verdict:
     first: float
     last: float
     slope_per_100: float  # per 100 RL steps, over the judged samples
-    verdict: str  # flat, grows, within budget, over budget, shown, too few samples
+    verdict: str  # flat, grows, within budget, over budget, too few samples
     why: str = ""
 
     @property
@@ -68,9 +68,7 @@ def judge(series: str, points: list[tuple[int, float]], warmup: float = WARMUP) 
     slope, _, low, high = theilslopes(values, steps, alpha=0.95)
     span = steps[-1] - steps[0]
     verdict = Verdict(series, first, last, slope * 100, "flat")
-    if series in SHOWN_ONLY:
-        verdict.verdict, verdict.why = "shown", "every checkpoint is kept"
-    elif series == "records_mb":
+    if series == "records_mb":
         over = slope > RECORD_BUDGET_MB
         verdict.verdict = "over budget" if over else "within budget"
         verdict.why = f"{slope * 1024:.1f} KB/step (budget {RECORD_BUDGET_MB * 1024:.0f})"

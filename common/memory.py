@@ -5,7 +5,7 @@ another run's actor). Its OOM-kill count then tells a death for memory from any 
 
 cgroup v1's memory controller or cgroup v2 (where the cgroup the actor runs in lets it create a
 child with `memory` enabled); it needs the right to write there (root, or a delegated subtree).
-The cgroup is named after the actor and made under the cgroup the actor runs in; an actor that Ray
+The cgroup is named after the actor (`coderloo-actor-<actor name>`) and made under the cgroup the actor runs in; an actor that Ray
 restarts under the same name goes back into it. The empty ones of actors gone are removed when the
 next one is made.
 """
@@ -16,6 +16,8 @@ from pathlib import Path
 
 V2_ROOT = Path("/sys/fs/cgroup")
 V1_ROOT = V2_ROOT / "memory"
+# Ours alone: the sweep below must never touch another's cgroup (the sandbox's are coderloo-sandbox-*).
+PREFIX = "coderloo-actor-"
 
 
 class MemoryLimitError(RuntimeError):
@@ -36,15 +38,15 @@ def _own_cgroup() -> tuple[Path, str]:
 
 
 def limit_own_memory(name: str, limit_mb: float) -> str:
-    """Put this process in the memory cgroup `name` (made under the one it runs in) limited to
+    """Put this process in the memory cgroup `PREFIX + name` (made under the one it runs in) limited to
     `limit_mb` MiB of memory (and, under v1, of memory plus swap: no swapping past it). Returns the
     cgroup's path, for `oom_kills`."""
     parent, version = _own_cgroup()
-    if parent.name == name:  # a restarted actor's process can start inside it already
+    if parent.name.startswith(PREFIX):  # a restarted actor's process can start inside its cgroup already
         parent = parent.parent
-    cgroup = parent / name
+    cgroup = parent / f"{PREFIX}{name}"
     limit = str(int(limit_mb * 2**20))
-    for left in parent.glob("coderloo-*"):  # those of actors gone (a cgroup in use cannot be removed)
+    for left in parent.glob(f"{PREFIX}*"):  # those of actors gone (a cgroup in use cannot be removed)
         if left != cgroup:
             remove_cgroup(str(left))
     try:

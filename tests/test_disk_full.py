@@ -22,7 +22,7 @@ FREE_AFTER_FILLING = 2 * 2**20  # under a checkpoint of the tiny model (its weig
 def small_disk(tmp_path):
     path = tmp_path / "disk"
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(path)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(path)], capture_output=True, text=True, check=False)
     assert mounted.returncode == 0, f"mounting a tmpfs needs root: {mounted.stderr}"
     try:
         yield path

@@ -54,8 +54,11 @@ def test_records_within_and_over_budget():
     assert judge("records_mb", [(s, 1.0 * s) for s in range(10, 1001, 10)]).verdict == "over budget"
 
 
-def test_kept_checkpoints_are_shown_not_judged():
-    assert judge("checkpoints_mb", [(s, 10.0 * (s // 100)) for s in range(10, 1001, 10)]).verdict == "shown"
+def test_checkpoints_kept_without_retention_grow_and_with_it_are_flat():
+    every_one = [(s, 13.6 * (s // 100)) for s in range(10, 1001, 10)]  # keep_checkpoints 0: one more each 100 steps
+    newest_two = [(s, 13.6 * min(s // 100, 2)) for s in range(10, 1001, 10)]  # keep_checkpoints 2
+    assert judge("checkpoints_mb", every_one).verdict == "grows"
+    assert judge("checkpoints_mb", newest_two).verdict == "flat"
 
 
 def test_cli_reads_resources_and_fails_on_growth(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Stuck, not dead: a rollout worker and a reward replica that stop answering (SIGSTOP) are found
-within their timeouts and replaced as if they had died, and training goes on; a learner rank that
-stops answering in a collective ends the run with an error naming the timeout, not a hang."""
+within their timeouts and replaced as if they had died, and training goes on (in the same run, the
+rollout worker is first killed for memory: tests/test_oom.py); a learner rank that stops answering
+in a collective ends the run with an error naming the timeout, not a hang."""
 import os
 import signal
 import threading
@@ -10,8 +11,10 @@ import ray
 
 from coderloo.config import load_config
 from coderloo.controller import train
+from common.memory import oom_kills
 from learner.group import LearnerError
 from tests.test_fault_tolerance import SMALL, named, rl_steps, wait_for_step
+from tests.test_oom import LIMIT_MB, blow_up, cgroup_of
 
 
 def stop(prefix: str) -> int:
@@ -30,21 +33,23 @@ def resume_all(pids: list[int]) -> None:
             pass  # killed as stuck, as it should be
 
 
-def test_stuck_rollout_worker_and_reward_replica_are_replaced(ray_cluster, tiny_model, tmp_path):
+def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_are_survived(ray_cluster, tiny_model, tmp_path):
     out = tmp_path / "stuck"
     config = load_config("configs/default.yaml", [
-        f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=5", "train.checkpoint_every=0", *SMALL,
-        "rollout.stuck_timeout_s=10", "rollout.weight_sync.timeout_s=20",
+        f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=6", "train.checkpoint_every=0", *SMALL,
+        f"rollout.memory_limit_mb={LIMIT_MB}", "rollout.stuck_timeout_s=10", "rollout.weight_sync.timeout_s=20",
         "reward.request_timeout_s=10", "reward.health_check_period_s=1", "reward.health_check_timeout_s=5"])
     stopped: list[int] = []
 
-    def stopper():
+    def faults():
         wait_for_step(out, 1)
-        stopped.append(stop("coderloo-rollout-0-stuck"))
+        blow_up("coderloo-rollout-0-stuck")  # the kernel kills it in its cgroup; Ray restarts it
         wait_for_step(out, 3)
+        stopped.append(stop("coderloo-rollout-0-stuck"))  # the restarted one
+        wait_for_step(out, 4)
         stopped.append(stop("SERVE_REPLICA::coderloo-rewards"))
 
-    thread = threading.Thread(target=stopper, daemon=True)
+    thread = threading.Thread(target=faults, daemon=True)
     thread.start()
     try:
         summary = train(config)
@@ -52,9 +57,10 @@ def test_stuck_rollout_worker_and_reward_replica_are_replaced(ray_cluster, tiny_
         thread.join(timeout=5)
         resume_all(stopped)
     assert len(stopped) == 2
+    assert oom_kills(str(cgroup_of("coderloo-rollout-0-stuck"))) == 1  # the kernel's OOM killer, in the worker's cgroup
     steps = rl_steps(out)
-    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]  # no step lost or repeated
-    assert all(r["samples"] == 16 for r in steps)  # the stuck worker's prompts were generated again, once
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]  # no step lost or repeated
+    assert all(r["samples"] == 16 for r in steps)  # the lost prompts were generated again, once
     assert steps[-1]["rollout_workers_stuck"] >= 1
     assert steps[-1]["reward_requests_retried"] >= 1  # the stuck replica's requests were sent again
     assert summary["final"]
