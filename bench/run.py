@@ -29,6 +29,7 @@ BENCHMARKS = {
     "weight_sync": "bench.bench_weight_sync",
     "learner": "bench.bench_learner",
     "reward_service": "bench.bench_reward_service",
+    "reward_load": "bench.bench_reward_load",
     "pipeline": "bench.bench_pipeline",
     "trl": "bench.bench_trl",
     "lora": "bench.bench_lora",

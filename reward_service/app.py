@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,6 +21,9 @@ from prometheus_client import (
     generate_latest,
 )
 from ray import serve
+from ray.serve.config import BackpressureConfig
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reward_service.attribution import token_rewards
 from reward_service.config import ServiceConfig
@@ -30,20 +33,42 @@ from reward_service.scorer import RewardScorer, SandboxInfraError
 from reward_service.tasks import Task, load_jsonl
 from sandbox_pool import SandboxPool
 
-app = FastAPI(title="coderloo reward service", version="1")
 Answer = TypeVar("Answer")
 
 
-@app.middleware("http")
-async def limit_body_size(request: Request, call_next):
-    """413 before parsing: a huge body must not reach the JSON parser (or the replica's memory)."""
-    limit = getattr(request.app.state, "max_body_bytes", ServiceConfig().max_body_bytes)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)
-    if request.method == "POST" and declared is None and len(await request.body()) > limit:  # chunked upload
-        return JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)
-    return await call_next(request)
+class BodyLimit:
+    """413 before parsing: a body over the replica's `max_body_bytes` never reaches the JSON parser.
+    A declared one is refused unread; one without a Content-Length (chunked) is counted as it
+    arrives and refused at the limit, so the replica never holds more of it than the limit."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = scope["app"].state.max_body_bytes
+        too_large = JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit():  # the server passes on no more than declared
+            return await (too_large if int(declared) > limit else self.app)(scope, receive, send)
+        messages: list[Message] = []
+        size = 0
+        while not messages or (messages[-1]["type"] == "http.request" and messages[-1].get("more_body", False)):
+            messages.append(await receive())
+            size += len(messages[-1].get("body", b""))
+            if size > limit:
+                return await too_large(scope, receive, send)
+        replay = iter(messages)
+
+        async def replayed() -> Message:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, replayed, send)
+
+
+app = FastAPI(title="coderloo reward service", version="1")
+app.add_middleware(BodyLimit)
 
 
 class Metrics:
@@ -74,6 +99,7 @@ class RewardService:
         self.pool = SandboxPool(config.pool)
         self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights)
         self.metrics = Metrics()
+        self.threads = asyncio.Semaphore(config.max_ongoing_requests)
 
     def _resolve(self, request: RewardRequest | RunRequest) -> list[Task]:
         """Each item's task; a bad request raises HTTPException (4xx) before anything runs."""
@@ -105,12 +131,22 @@ class RewardService:
             self.metrics.outcomes.labels(r.status.value).inc()
         return RewardResponse(items=rewards)
 
+    async def _in_thread(self, work: Callable[..., Answer], *args) -> Answer:
+        """`work(*args)` in a thread (it blocks on the pool), so the replica keeps answering health
+        checks and other requests meanwhile. A thread cannot be cancelled: when an HTTP client
+        disconnects, Serve cancels its request and frees its slot, but the thread runs on. Each
+        thread holds one of `threads` until it ends, so however many clients leave, the replica
+        runs at most `max_ongoing_requests` of them and new work waits here, not in a backlog."""
+        await self.threads.acquire()
+        thread = asyncio.get_running_loop().run_in_executor(None, work, *args)
+        thread.add_done_callback(lambda _: self.threads.release())
+        return await asyncio.shield(thread)
+
     async def score(self, request: RewardRequest) -> RewardResponse:
-        """Score a batch (the handle's entry point). Scoring blocks on the pool: it runs in a thread
-        so the replica keeps answering health checks and other requests meanwhile."""
+        """Score a batch (the handle's entry point), in a thread (`_in_thread`)."""
         tasks = self._resolve(request)
         self._check_token_ids(request)
-        return await asyncio.to_thread(self._score, request, tasks)
+        return await self._in_thread(self._score, request, tasks)
 
     def _run(self, request: RunRequest, tasks: list[Task]) -> RunResponse:
         limits = self.config.limits
@@ -121,10 +157,10 @@ class RewardService:
     async def run(self, request: RunRequest) -> RunResponse:
         """Run each program once with no tests, for what it printed and how it ended (the code
         interpreter; the handle's entry point). In a thread, as `score`."""
-        return await asyncio.to_thread(self._run, request, self._resolve(request))
+        return await self._in_thread(self._run, request, self._resolve(request))
 
     async def _answer(self, path: str, answer: Awaitable[Answer]) -> Answer:
-        """An HTTP route's answer, with its metrics; a sandbox failure is a 503."""
+        """An HTTP route's answer, with its metrics; a sandbox failure is a 503 with Retry-After."""
         start, code = time.perf_counter(), 200
         try:
             return await answer
@@ -133,7 +169,10 @@ class RewardService:
             raise
         except SandboxInfraError as e:
             code = 503
-            raise HTTPException(503, str(e)) from None
+            raise HTTPException(503, str(e), headers={"Retry-After": str(self.config.retry_after_s)}) from None
+        except asyncio.CancelledError:
+            code = 499  # the client went away (Serve's code for it)
+            raise
         finally:
             self.metrics.requests.labels(path, str(code)).inc()
             self.metrics.latency.labels(path).observe(time.perf_counter() - start)
@@ -156,13 +195,23 @@ class RewardService:
 
 
 def deployment_options(config: ServiceConfig) -> dict:
-    """Serve options of the deployment: replicas autoscale on requests in flight per replica."""
+    """Serve options of the deployment: replicas autoscale on requests in flight per replica;
+    Serve's health check replaces one that stops answering; a bounded queue. Serve holds each
+    caller's requests (the HTTP proxy's, a handle's) while every replica has
+    `max_ongoing_requests` in flight, up to `max_queued_requests`; past that it refuses them at
+    once: over HTTP a 503 whose Retry-After header is set here (none without it), through a handle
+    a BackPressureError. Refused at the caller, a request costs the replicas nothing."""
     return {
         "autoscaling_config": config.autoscaling.model_dump(),
         "ray_actor_options": {"num_cpus": config.replica_cpus},
+        "health_check_period_s": config.health_check_period_s,
+        "health_check_timeout_s": config.health_check_timeout_s,
+        "max_ongoing_requests": config.max_ongoing_requests,
+        "max_queued_requests": config.max_queued_requests,
+        "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=config.retry_after_s),
     }
 
 
 def build_app(config: ServiceConfig):
-    """The Serve application, with its replicas and autoscaling from the config."""
+    """The Serve application, with its replicas, autoscaling and queue from the config."""
     return RewardService.options(**deployment_options(config)).bind(config)

@@ -6,6 +6,7 @@ import time
 
 import ray
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 
 from common.placement import free_port
 from reward_service.tasks import Task
@@ -29,7 +30,9 @@ class RewardClient:
         self.max_batch = config.max_batch
         # Per-token rewards need the service to decode token ids: only with a tokenizer.
         self.per_token = config.tokenizer_path is not None
-        self.retries = 0  # requests sent again after a replica died
+        self.retry_after_s = config.retry_after_s
+        self.timeout_s = config.request_timeout_s
+        self.retries = 0  # requests sent again after a replica died or the queue was full
         self.handle = serve.run(build_app(config), name=APP_NAME, route_prefix=f"/{APP_NAME}")
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[ItemReward]:
@@ -66,19 +69,34 @@ class RewardClient:
 
     def collect(self, pending: Pending) -> list[ItemReward] | list[RunResult]:
         """The answers of submitted requests, in order. A request whose replica died is sent again
-        (scoring and runs have no side effects), up to `RETRIES` times while Serve replaces the replica."""
+        (scoring and runs have no side effects), up to `RETRIES` times while Serve replaces the replica;
+        so is one with no answer in `request_timeout_s` (its replica hangs: Serve's health check
+        replaces it).
+        A request refused because this handle's queue was full (over `max_queued_requests`) waits
+        `retry_after_s` and is sent again, as often as it takes: the queue was full of this process's
+        own requests, each of which ends, so backpressure slows a training run and never fails it."""
         out = []
         for request, response in pending:
-            for attempt in range(RETRIES + 1):
+            failures = 0
+            while True:
                 try:
-                    out.extend(response.result().items)
+                    out.extend(response.result(timeout_s=self.timeout_s).items)
                     break
+                except BackPressureError:
+                    time.sleep(self.retry_after_s)
+                except TimeoutError as e:  # a request that never returns (a replica stopped, not dead) is a failure
+                    response.cancel()
+                    failures += 1
+                    if failures > RETRIES:
+                        raise RuntimeError(f"reward service: no answer to a request in {self.timeout_s:g} s, {failures} times "
+                                           "(reward.request_timeout_s)") from e
                 except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-                    if attempt == RETRIES:
-                        raise RuntimeError(f"reward service: a request failed {RETRIES + 1} times, last: {e}") from e
-                    self.retries += 1
-                    time.sleep(min(2.0 * (attempt + 1), 10.0))
-                    response = self._send(request)
+                    failures += 1
+                    if failures > RETRIES:
+                        raise RuntimeError(f"reward service: a request failed {failures} times, last: {e}") from e
+                    time.sleep(min(2.0 * failures, 10.0))
+                self.retries += 1
+                response = self._send(request)
         return out
 
     def close(self) -> None:

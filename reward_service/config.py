@@ -32,3 +32,17 @@ class ServiceConfig(Section):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body (more: 413).")
     replica_cpus: float = Field(0.5, gt=0, description="CPUs Ray reserves for each replica.")
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="A request (through the trainer's handle) not answered in this time is cancelled and sent "
+        "again, as one whose replica died: a replica that hangs fails Serve's health check and is replaced.")
+    health_check_period_s: float = Field(10.0, gt=0, description="How often Serve checks that each replica answers.")
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="A replica that does not answer its health check in this time is replaced.")
+    max_ongoing_requests: int = Field(
+        5, ge=1, description="Requests one replica works on at once (Serve's default); the rest wait in their caller's queue.")
+    max_queued_requests: int = Field(
+        256, ge=1, description="Requests each caller (the HTTP proxy; each handle, e.g. the trainer's) holds waiting for a "
+        "replica; more are refused: HTTP 503 with Retry-After, a handle's BackPressureError (RewardClient waits and sends "
+        "again). Above a training step's requests (one per prompt), so the trainer is not refused at its normal load.")
+    retry_after_s: int = Field(
+        1, ge=1, description="Seconds a 503 tells its client to wait (Retry-After): a full queue, or failing sandboxes.")

@@ -169,7 +169,7 @@ class RolloutGroup:
         """
         with self._sync_lock:
             deadline = time.time() + self.stuck_timeout_s + self.sync.timeout_s  # a stuck one is killed, then restarts
-            pids = None
+            pids, killed = None, set()
             while pids is None:
                 refs = [w.status.remote() for w in self.workers]
                 try:
@@ -177,8 +177,11 @@ class RolloutGroup:
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     if time.time() > deadline:
                         raise WeightSyncTimeout(f"rollout workers did not come back within {self.stuck_timeout_s + self.sync.timeout_s:.0f} s") from None
-                    for worker, ref in zip(self.workers, refs):
-                        if not ray.wait([ref], timeout=0)[0]:  # alive but not answering: stuck, killed (Ray restarts it)
+                    for i, (worker, ref) in enumerate(zip(self.workers, refs)):
+                        # not answering: stuck, or restarting (Ray holds calls until it is up). Killed
+                        # once (Ray restarts it), then waited for.
+                        if i not in killed and not ray.wait([ref], timeout=0)[0]:
+                            killed.add(i)
                             self.stuck += 1
                             ray.kill(worker, no_restart=False)
                     time.sleep(1.0)

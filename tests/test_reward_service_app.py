@@ -145,10 +145,16 @@ def test_autoscaling_options_from_config():
 
     from reward_service.app import deployment_options
 
-    config = ServiceConfig(autoscaling={"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 3}, replica_cpus=1)
-    assert deployment_options(config) == {
+    config = ServiceConfig(autoscaling={"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 3}, replica_cpus=1,
+                           health_check_timeout_s=5, max_queued_requests=16, retry_after_s=2)
+    options = deployment_options(config)
+    backpressure = options.pop("backpressure_config")
+    assert (backpressure.status_code, backpressure.retry_after_s) == (503, 2)
+    assert options == {
         "autoscaling_config": {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 3.0},
         "ray_actor_options": {"num_cpus": 1.0},
+        "health_check_period_s": 10.0, "health_check_timeout_s": 5.0,
+        "max_ongoing_requests": 5, "max_queued_requests": 16,
     }
     with pytest.raises(ValidationError, match="max_replicas"):
         AutoscalingSettings(min_replicas=3, max_replicas=2)

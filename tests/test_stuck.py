@@ -37,7 +37,7 @@ def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_
     out = tmp_path / "stuck"
     config = load_config("configs/default.yaml", [
         f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=6", "train.checkpoint_every=0", *SMALL,
-        f"rollout.memory_limit_mb={LIMIT_MB}", "rollout.stuck_timeout_s=10", "rollout.weight_sync.timeout_s=20",
+        f"rollout.memory_limit_mb={LIMIT_MB}", "rollout.stuck_timeout_s=10", "rollout.weight_sync.timeout_s=60",
         "reward.request_timeout_s=10", "reward.health_check_period_s=1", "reward.health_check_timeout_s=5"])
     stopped: list[int] = []
 
