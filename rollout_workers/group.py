@@ -215,12 +215,12 @@ class RolloutGroup:
         sent = 0
         for plan in self._plans if catch_up else [self._plan]:
             last = plan is self._plan
-            gathers = [source.send_weights.remote(plan, False) for source in self._sources[1:]]
             refs = [self._sources[0].send_weights.remote(plan)]
             # an earlier stage is received and checked; the version moves with the last one
             refs += [w.receive_weights.remote(plan, version if last else None) for w in self.workers]
+            # the other sources only take part in gathering the weights (ZeRO-3); waited for alike
+            refs += [source.send_weights.remote(plan, False) for source in self._sources[1:]]
             results = self._wait(refs, f"pushing weights version {version}" + ("" if last else f" ({plan.form} first)"))
-            ray.get(gathers)
             sent += results[0]["bytes"]
         self.version = version
         return {"sync_s": time.perf_counter() - start, "sync_bytes": sent}
@@ -229,7 +229,7 @@ class RolloutGroup:
         # Each collective has the group's timeout; this bound only catches a peer that hangs
         # outside a collective (or a Ray call that never starts).
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.sync.timeout_s + 30)
-        names = ["sender"] + [f"worker {i}" for i in range(len(self.workers))]
+        names = ["sender"] + [f"worker {i}" for i in range(len(self.workers))] + [f"source {i}" for i in range(1, len(self._sources))]
         if pending:
             late = [names[refs.index(r)] for r in pending]
             raise WeightSyncTimeout(f"{what}: no answer from {', '.join(late)} within {self.sync.timeout_s + 30:.0f} s")
