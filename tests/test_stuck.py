@@ -40,9 +40,12 @@ def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_
         f"rollout.memory_limit_mb={LIMIT_MB}", "rollout.stuck_timeout_s=10", "rollout.weight_sync.timeout_s=60",
         "reward.request_timeout_s=10", "reward.health_check_period_s=1", "reward.health_check_timeout_s=5"])
     stopped: list[int] = []
+    cgroup = str(cgroup_of("coderloo-rollout-0-stuck"))
+    oom_kills_before: list[int] = []  # a cgroup of this name may be left from an earlier run on this machine
 
     def faults():
         wait_for_step(out, 1)
+        oom_kills_before.append(oom_kills(cgroup))
         blow_up("coderloo-rollout-0-stuck")  # the kernel kills it in its cgroup; Ray restarts it
         wait_for_step(out, 3)
         stopped.append(stop("coderloo-rollout-0-stuck"))  # the restarted one
@@ -57,7 +60,7 @@ def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_
         thread.join(timeout=5)
         resume_all(stopped)
     assert len(stopped) == 2
-    assert oom_kills(str(cgroup_of("coderloo-rollout-0-stuck"))) == 1  # the kernel's OOM killer, in the worker's cgroup
+    assert oom_kills(cgroup) == oom_kills_before[0] + 1  # the kernel's OOM killer, in the worker's cgroup
     steps = rl_steps(out)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]  # no step lost or repeated
     assert all(r["samples"] == 16 for r in steps)  # the lost prompts were generated again, once
