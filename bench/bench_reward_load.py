@@ -24,6 +24,7 @@ import psutil
 import requests
 
 from bench.plots import comparison
+from coderloo.resources import node_actors
 
 CLIENTS = (1, 8, 32, 64)
 BATCH = 8
@@ -52,16 +53,13 @@ def bodies() -> list[tuple[bytes, list[bool]]]:
 
 
 def serve_rss_mb() -> dict[str, float]:
-    """Resident memory (MB) of each live Serve replica and of the HTTP proxy, by actor name. The pids
-    come from Ray's actor table in the GCS: the state API (`ray.util.state.list_actors`) needs the
-    dashboard, which the local cluster does not start."""
-    import ray
-
+    """Resident memory (MB) of each live Serve replica and of the HTTP proxy, by their labels in
+    coderloo.resources (reward-replica-N, serve-proxy)."""
     out = {}
-    for actor in ray._private.state.actors(actor_state_name="ALIVE").values():
-        if actor["ActorClassName"].startswith("ServeReplica:") or actor["ActorClassName"] == "ProxyActor":
+    for label, pid in node_actors().items():
+        if label.startswith(("reward-replica", "serve-proxy")):
             try:
-                out[actor["Name"]] = psutil.Process(actor["Pid"]).memory_info().rss / MB
+                out[label] = psutil.Process(pid).memory_info().rss / MB
             except psutil.NoSuchProcess:
                 pass  # stopped since the table was read
     return out
@@ -109,7 +107,7 @@ def shown(value: float | None) -> str:
 
 def memory(before: dict[str, float], after: dict[str, float], replicas: bool) -> str:
     """'before -> after' MB of each replica (or the proxy), short names."""
-    names = [n for n in sorted(set(before) | set(after)) if n.startswith("SERVE_REPLICA") == replicas]
+    names = [n for n in sorted(set(before) | set(after)) if n.startswith("reward-replica") == replicas]
     return "; ".join(f"{before[n]:.0f} -> {after[n]:.0f}" if n in before and n in after else
                      f"(new) {after[n]:.0f}" if n in after else f"{before[n]:.0f} -> (gone)" for n in names)
 
@@ -120,7 +118,7 @@ def table_row(clients: int, result: dict, before: dict[str, float], after: dict[
     ok = [t for code, t in answers if code == 200]
     refused = [t for code, t in answers if code == 503]
     rate = len(ok) / seconds
-    replicas = [sum(n.startswith("SERVE_REPLICA") for n in rss) for rss in (before, after)]
+    replicas = [sum(n.startswith("reward-replica") for n in rss) for rss in (before, after)]
     row = (f"| {clients} | {len(answers)} | {len(ok)} | {len(refused)} | {len(answers) - len(ok) - len(refused)} | "
            f"{seconds:.1f} | {rate:.1f} | {rate * BATCH:.0f} | {shown(ms(ok, 50))} | {shown(ms(ok, 99))} | "
            f"{shown(ms(refused, 50))} | {replicas[0]} -> {replicas[1]} | {memory(before, after, True)} | "

@@ -82,35 +82,36 @@ def directory_mb(path: Path) -> float:
     return total / MB
 
 
+def node_actors() -> dict[str, int]:
+    """label -> pid of every live actor on this process's node (the labels of the module's docstring)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    alive = [a for a in ray._private.state.actors(actor_state_name="ALIVE").values()
+             if a["Address"]["NodeID"] == node_id and a["Pid"]]
+    by_label: dict[str, list[tuple]] = defaultdict(list)
+    for actor in alive:
+        label, index = actor_label(actor["ActorClassName"], actor["Name"])
+        by_label[label].append((index, _number_key(actor["Name"]), actor["StartTime"], actor["Pid"]))
+    out = {}
+    for label, found in by_label.items():
+        own_index = all(index is not None for index, *_ in found)
+        numbered = own_index or len(found) > 1 or label in ALWAYS_NUMBERED
+        for position, (index, _, _, pid) in enumerate(sorted(found, key=lambda f: f[1:3])):
+            out[f"{label}-{index if own_index else position}" if numbered else label] = pid
+    return out
+
+
 class ResourceSampler:
     """Samples the run's processes on this node and its run directory `out` (see the module's docstring)."""
 
     def __init__(self, out: Path):
         self.out = Path(out)
-        self.node_id = ray.get_runtime_context().get_node_id()
-
-    def actors(self) -> dict[str, int]:
-        """label -> pid of every live actor on this node."""
-        alive = [a for a in ray._private.state.actors(actor_state_name="ALIVE").values()
-                 if a["Address"]["NodeID"] == self.node_id and a["Pid"]]
-        by_label: dict[str, list[tuple]] = defaultdict(list)
-        for actor in alive:
-            label, index = actor_label(actor["ActorClassName"], actor["Name"])
-            by_label[label].append((index, _number_key(actor["Name"]), actor["StartTime"], actor["Pid"]))
-        out = {}
-        for label, found in by_label.items():
-            own_index = all(index is not None for index, *_ in found)
-            numbered = own_index or len(found) > 1 or label in ALWAYS_NUMBERED
-            for position, (index, _, _, pid) in enumerate(sorted(found, key=lambda f: f[1:3])):
-                out[f"{label}-{index if own_index else position}" if numbered else label] = pid
-        return out
 
     def sample(self) -> dict[str, float]:
         table = {p.pid: p for p in psutil.process_iter(["ppid", "name", "uids", "cmdline", "memory_info"])}
         children: dict[int, list[int]] = defaultdict(list)
         for pid, p in table.items():
             children[p.info["ppid"]].append(pid)
-        roots = {"driver": os.getpid(), **self.actors()}
+        roots = {"driver": os.getpid(), **node_actors()}
         for pid in _descendants(os.getpid(), children, set()):  # Ray's node processes, when we started them
             if table[pid].info["name"] in RAY_NODE_PROCESSES:
                 roots[table[pid].info["name"].replace("_", "-")] = pid

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from coderloo.resources import ResourceSampler, actor_label
+from coderloo.resources import ResourceSampler, actor_label, node_actors
 from coderloo.soak import judge, main, resource_series, write_section
 
 
@@ -103,12 +103,13 @@ def test_sampler_finds_an_actor_it_is_given(ray_cluster, tmp_path):
     try:
         pid = ray.get(actor.pid.remote())
         sampler = ResourceSampler(tmp_path)
-        assert sampler.actors()["learner-3"] == pid
+        assert node_actors()["learner-3"] == pid
         (tmp_path / "metrics.jsonl").write_text("x" * 2**20)
         values = sampler.sample()
         assert values["rss_mb/learner-3"] > 10 and values["fds/learner-3"] > 3
         assert values["rss_mb/driver"] > 10 and values["fds/driver"] > 3
         assert values["records_mb"] == pytest.approx(1.0)
-        assert values["sandbox_leaked_processes"] >= 0 and values["dev_shm_mb"] >= 0
+        assert values["sandbox_leaked_processes"] == 0  # no sandbox process outlives its run (tests/test_hostile.py makes them try)
+        assert "dev_shm_mb" in values and "checkpoints_mb" in values
     finally:
         ray.kill(actor)
