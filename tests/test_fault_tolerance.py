@@ -39,11 +39,17 @@ def rl_steps(out: Path) -> list[dict]:
 
 
 def wait_for_step(out: Path, step: int, timeout: float = 600) -> None:
+    wait_for_record(out, lambda r: r["step"] >= step, f"step {step}", timeout)
+
+
+def wait_for_record(out: Path, where, what: str, timeout: float = 600) -> dict:
+    """The first RL record in `out` for which `where` holds, once one is written."""
     deadline = time.time() + timeout
-    while not any(r["step"] >= step for r in rl_steps(out)):
+    while not (found := [r for r in rl_steps(out) if where(r)]):
         if time.time() > deadline:
-            raise TimeoutError(f"step {step} not reached in {out}")
+            raise TimeoutError(f"{what} not reached in {out}")
         time.sleep(0.2)
+    return found[0]
 
 
 def named(prefix: str) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ from coderloo.config import load_config
 from coderloo.controller import train
 from common.memory import oom_kills
 from learner.group import LearnerError
-from tests.test_fault_tolerance import SMALL, named, rl_steps, wait_for_step
+from tests.test_fault_tolerance import SMALL, named, rl_steps, wait_for_record, wait_for_step
 from tests.test_oom import LIMIT_MB, blow_up, cgroup_of
 
 
@@ -36,12 +36,13 @@ def resume_all(pids: list[int]) -> None:
 def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_are_survived(ray_cluster, tiny_model, tmp_path):
     out = tmp_path / "stuck"
     config = load_config("configs/default.yaml", [
-        f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=6", "train.checkpoint_every=0", *SMALL,
+        f"model.path={tiny_model}", f"train.output_dir={out}", "train.steps=7", "train.checkpoint_every=0", *SMALL,
         f"rollout.memory_limit_mb={LIMIT_MB}", "rollout.stuck_timeout_s=10", "rollout.weight_sync.timeout_s=60",
         "reward.request_timeout_s=10", "reward.health_check_period_s=1", "reward.health_check_timeout_s=5"])
     stopped: list[int] = []
     cgroup = str(cgroup_of("coderloo-rollout-0-stuck"))
     oom_kills_before: list[int] = []  # a cgroup of this name may be left from an earlier run on this machine
+    replica_stopped_after: list[int] = []
 
     def faults():
         wait_for_step(out, 1)
@@ -49,8 +50,11 @@ def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_
         blow_up("coderloo-rollout-0-stuck")  # the kernel kills it in its cgroup; Ray restarts it
         wait_for_step(out, 3)
         stopped.append(stop("coderloo-rollout-0-stuck"))  # the restarted one
-        wait_for_step(out, 4)
+        # Only once the stuck worker is replaced: while it is being found (10 s) and restarted, Serve's
+        # health check could replace the stopped replica before any request reached it.
+        wait_for_record(out, lambda r: r.get("rollout_workers_stuck", 0) >= 1, "the stuck worker's recovery")
         stopped.append(stop("SERVE_REPLICA::coderloo-rewards"))
+        replica_stopped_after.append(rl_steps(out)[-1]["step"])
 
     thread = threading.Thread(target=faults, daemon=True)
     thread.start()
@@ -62,7 +66,8 @@ def test_rollout_worker_killed_for_memory_then_stuck_and_a_stuck_reward_replica_
     assert len(stopped) == 2
     assert oom_kills(cgroup) == oom_kills_before[0] + 1  # the kernel's OOM killer, in the worker's cgroup
     steps = rl_steps(out)
-    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]  # no step lost or repeated
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6, 7]  # no step lost or repeated
+    assert replica_stopped_after[0] < 7  # a step's rewards were still to come from the stopped replica
     assert all(r["samples"] == 16 for r in steps)  # the lost prompts were generated again, once
     assert steps[-1]["rollout_workers_stuck"] >= 1
     assert steps[-1]["reward_requests_retried"] >= 1  # the stuck replica's requests were sent again
