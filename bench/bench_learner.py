@@ -1,12 +1,14 @@
-"""Learner throughput: tokens per second of RL steps with one and with two data-parallel ranks.
+"""Learner throughput: tokens per second of RL steps, sequences packed end to end against one a
+row padded (learner.pack_sequences), and with one and with two data-parallel ranks.
 
     python -m bench.bench_learner
 
-The same batch (256 synthetic completions of 16-48 tokens on the default tiny model), the same
-config (ZeRO-2, 2 optimizer steps, the default token budget), through LearnerGroup and DeepSpeed
-on gloo, one rank and two ranks in one run. Medians of REPEATS steps after a warm-up step. On a
-2-core machine two ranks share the cores: the figure shows what data parallelism costs or buys
-here, not on a cluster, where each rank has its own device.
+The same batch (256 synthetic completions of 16-48 tokens after the default task mix's prompts, on
+the default tiny model), the same config (ZeRO-2, 2 optimizer steps, the default token budget),
+through LearnerGroup and DeepSpeed on gloo, in one run. Medians of REPEATS steps after a warm-up
+step; the padding share is each step's (the tensor's tokens that are padding). On a 2-core machine
+two ranks share the cores: the figure shows what data parallelism costs or buys here, not on a
+cluster, where each rank has its own device.
 """
 from __future__ import annotations
 
@@ -39,33 +41,36 @@ def sequences(model: str, count: int = 256) -> list[TrainSequence]:
     return out
 
 
-def measure(model: str, batch: list[TrainSequence], ranks: int) -> float:
-    config = LearnerConfig(num_ranks=ranks, zero_stage=2)
+def measure(model: str, batch: list[TrainSequence], ranks: int, packed: bool = True) -> tuple[float, float]:
+    """Tokens/s (the sequences' own tokens) and the padding share."""
+    config = LearnerConfig(num_ranks=ranks, zero_stage=2, pack_sequences=packed)
     learner = LearnerGroup(model, config)
     try:
         learner.train_step(batch, config.loss_config(1, 1.0, 48))  # warm-up
         times = []
         for _ in range(REPEATS):
             start = time.perf_counter()
-            learner.train_step(batch, config.loss_config(1, 1.0, 48))
+            stats = learner.train_step(batch, config.loss_config(1, 1.0, 48))
             times.append(time.perf_counter() - start)
     finally:
         learner.kill()
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch)
-    return tokens / statistics.median(times)
+    return tokens / statistics.median(times), stats["padding_share"]
 
 
 def main() -> list[dict]:
     init_ray(num_cpus=4)
     model = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-learner-"), corpus_for_tokenizer(), TinyModelSpec()))
     batch = sequences(model)
-    results = {ranks: measure(model, batch, ranks) for ranks in (1, 2)}
+    runs = {"1 rank, packed": (1, True), "1 rank, padded": (1, False), "2 ranks, packed": (2, True)}
+    results = {label: measure(model, batch, ranks, packed) for label, (ranks, packed) in runs.items()}
     print(f"learner, RL steps of {len(batch)} sequences, ZeRO-2, median of {REPEATS}")
-    for ranks, tps in results.items():
-        print(f"  {ranks} rank{'s' if ranks > 1 else ' '}  {tps:9.0f} tokens/s")
-    print(f"  2 ranks / 1 rank: {results[2] / results[1]:.2f}x")
-    return [comparison(f"learner, RL steps of {len(batch)} sequences, ZeRO-2", "tokens/s", "2 ranks",
-                       {f"{ranks} rank{'s' if ranks > 1 else ''}": tps for ranks, tps in results.items()})]
+    for label, (tps, padding) in results.items():
+        print(f"  {label:16s} {tps:9.0f} tokens/s   padding {padding:6.1%}")
+    (packed, _), (padded, _), (two, _) = results.values()
+    print(f"  packed / padded: {packed / padded:.2f}x; 2 ranks / 1 rank (packed): {two / packed:.2f}x")
+    return [comparison(f"learner, RL steps of {len(batch)} sequences, ZeRO-2", "tokens/s", "1 rank, packed",
+                       {label: tps for label, (tps, _) in results.items()})]
 
 
 if __name__ == "__main__":

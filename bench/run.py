@@ -3,8 +3,8 @@
 Prints as it goes and writes `bench/results.md` (the machine, the commands, and each benchmark's
 report), `bench/results.json` (the comparisons each benchmark returns: bench/plots.py) and a bar
 chart of each comparison in `bench/plots/`, referenced from results.md. `python -m bench.run
-sandbox rollout` runs only the named ones; `--out DIR` writes all of it to DIR instead (a partial
-run must not replace the full results).
+sandbox rollout` runs only the named ones and replaces only their sections (the others stay);
+`--out DIR` writes to DIR instead.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench.plots import plot
+from coderloo.soak import write_section
 
 BENCHMARKS = {
     "sandbox": "bench.bench_sandbox",
@@ -35,6 +36,8 @@ BENCHMARKS = {
     "lora": "bench.bench_lora",
     "algorithms": "bench.bench_algorithms",
     "multi_turn": "bench.bench_multi_turn",
+    "logits_memory": "bench.bench_logits_memory",
+    "scale": "bench.bench_scale",
 }
 RESULTS_DIR = Path(__file__).resolve().parent
 
@@ -96,11 +99,17 @@ def main(names: list[str], out: Path = RESULTS_DIR) -> None:
         sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({seconds:.0f} s)\n\n```\n{report}\n```\n\n"
                         + "\n".join(charts) + "\n")
     about = machine()
-    text = ["# Benchmark results", "", "`make bench` (`python -m bench.run`) on:", "", *about, "",
-            "The numbers behind the charts are in `results.json`.", "", *sections]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.md").write_text("\n".join(text))
-    (out / "results.json").write_text(json.dumps({"machine": about, "benchmarks": numbers}, indent=1) + "\n")
+    results_md, results_json = out / "results.md", out / "results.json"
+    # The header names this run's machine and commit; the sections of benchmarks not run stay.
+    old = results_md.read_text() if results_md.exists() else ""
+    kept = old[old.index("\n## ") + 1:] if "\n## " in old else ""
+    results_md.write_text("\n".join(["# Benchmark results", "", "`make bench` (`python -m bench.run`) on:", "", *about, "",
+                                     "The numbers behind the charts are in `results.json`.", "", kept]))
+    for section in sections:
+        write_section(results_md, section)
+    old_numbers = json.loads(results_json.read_text())["benchmarks"] if results_json.exists() else {}
+    results_json.write_text(json.dumps({"machine": about, "benchmarks": {**old_numbers, **numbers}}, indent=1) + "\n")
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and the charts in {out / 'plots'}")
 
 

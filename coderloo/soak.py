@@ -34,7 +34,7 @@ RELATIVE = 0.05  # of the median: growth over the judged steps below this is noi
 MIN_SAMPLES = 5  # judged samples needed for a verdict
 RECORD_BUDGET_MB = 0.25  # per RL step: what metrics.jsonl, samples.jsonl and the logs may add
 # The smallest growth over the judged steps that counts, per series kind (the key's prefix).
-FLOORS = {"rss_mb": 50.0, "fds": 8.0, "children": 2.0, "dev_shm_mb": 20.0, "run_dir_other_mb": 20.0,
+FLOORS = {"rss_mb": 50.0, "peak_rss_mb": 50.0, "fds": 8.0, "children": 2.0, "dev_shm_mb": 20.0, "run_dir_other_mb": 20.0,
           "checkpoint_latest_mb": 20.0, "checkpoints": 1.0, "checkpoints_mb": 20.0, "checkpoints_partial": 1.0,
           "sandbox_leaked_processes": 1.0}
 
@@ -137,9 +137,10 @@ def plot(series: dict[str, list[tuple[int, float]]], path: Path, title: str) -> 
 
 
 def write_section(results_md: Path, section: str) -> None:
-    """Put `section` (starting `## soak`) in results_md, in place of the one there."""
+    """Put `section` (starting `## NAME`: the soak's, or a benchmark's from bench/run.py) in
+    results_md, in place of the one of that name there, or at its end."""
     text = results_md.read_text() if results_md.exists() else ""
-    start = text.find("\n## soak\n")
+    start = text.find("\n" + section.split("\n", 1)[0] + "\n")
     if start < 0:
         text = text.rstrip("\n") + "\n\n" + section
     else:

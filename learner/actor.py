@@ -23,10 +23,9 @@ from common.memory import limit_own_memory
 from common.weight_sync import WeightSource
 from learner import lora
 from learner.batch import PackedBatch, TrainSequence, pack
-from learner.losses import (
-    LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, token_logprobs, token_logprobs_and_entropy, value_loss,
-)
-from learner.value import ValueModel, add_value_head, logits_and_values, policy_state
+from learner.logits import chunked_logprobs, final_hidden_states
+from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, value_loss
+from learner.value import ValueModel, add_value_head, hidden_and_values, policy_state
 
 # The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -197,8 +196,8 @@ class Learner(WeightSource):
         """The value model's estimates [B, T-1] (with gradient when it trains)."""
         device = self.engine.device
         if self.shared_value:
-            return logits_and_values(self.engine, self.engine.module, batch.input_ids.to(device), batch.attention_mask.to(device))[1].float().cpu()
-        return self._value_model()(batch.input_ids.to(device), batch.attention_mask.to(device)).float().cpu()
+            return hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))[1].float().cpu()
+        return self._value_model()(**batch.model_inputs(device)).float().cpu()
 
     def _reference_logprobs(self, batch: PackedBatch, temperature: float) -> torch.Tensor:
         """The KL reference's logprobs: the frozen copy, or with LoRA the policy with its adapter off."""
@@ -211,17 +210,21 @@ class Learner(WeightSource):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False, logits=None):
-        """Next-token logprobs at the sampler's temperature; with `entropy`, also the masked sum of
-        the next-token distributions' entropies (from the same logits: one micro-batch's at a time).
-        `logits`: the model's, already computed."""
+    def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False, hidden=None):
+        """Next-token logprobs at the sampler's temperature at the completion tokens (0 elsewhere),
+        `learner.logit_chunk_tokens` tokens at a time (learner/logits.py); with `entropy`, also the
+        masked sum of the next-token distributions' entropies (from the same logits). `hidden`: the
+        model's final hidden states, already computed."""
         device = self.engine.device
-        if logits is None:
-            logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+        causal_lm = self.engine.module if model is self.engine else model
+        if hidden is None:
+            hidden = final_hidden_states(model, causal_lm, batch.model_inputs(device))
+        out = chunked_logprobs(hidden, causal_lm.get_output_embeddings(), batch.input_ids, batch.completion_positions.to(device),
+                               temperature, self.config.logit_chunk_tokens, entropy)
         if not entropy:
-            return token_logprobs(logits, batch.input_ids.to(device), temperature).float().cpu()
-        logprobs, entropies = token_logprobs_and_entropy(logits, batch.input_ids.to(device), temperature)
-        return logprobs.float().cpu(), (entropies.float().cpu() * batch.completion_mask).sum().item()
+            return out.cpu()
+        logprobs, entropies = out
+        return logprobs.cpu(), (entropies.cpu() * batch.completion_mask).sum().item()
 
     def train_step(self, work: Work, loss_config: LossConfig) -> dict[str, float]:
         """Policy-gradient updates: one optimizer step per mini-batch of `work`.
@@ -233,7 +236,7 @@ class Learner(WeightSource):
         self._set_lr(self.config.lr)
         self.engine.train()
         temperature = loss_config.temperature
-        minis = [([pack(m, self.pad_id) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
+        minis = [([pack(m, self.pad_id, self.config.pack_sequences) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
@@ -260,12 +263,12 @@ class Learner(WeightSource):
                 if loss_config.kl_coef > 0:
                     with torch.no_grad():
                         reference_logprobs = self._reference_logprobs(batch, temperature)
-                logits = values = None
-                if loss_config.train_value and self.shared_value:  # one pass: the policy's logits and the head's values
+                hidden = values = None
+                if loss_config.train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
                     device = self.engine.device
-                    logits, values = logits_and_values(self.engine, self.engine.module, batch.input_ids.to(device), batch.attention_mask.to(device))
+                    hidden, values = hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))
                 inputs = LossInputs(
-                    logprobs=self._logprobs(self.engine, batch, temperature, logits=logits), step_start_logprobs=step_start_logprobs,
+                    logprobs=self._logprobs(self.engine, batch, temperature, hidden=hidden), step_start_logprobs=step_start_logprobs,
                     sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
                     reference_logprobs=reference_logprobs,
                 )
@@ -300,6 +303,8 @@ class Learner(WeightSource):
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
         totals["tokens"] = float(diffs.numel())
         totals["entropy_sum"] = entropy_sum  # the policy's at the step's start, over the trained tokens
+        totals["sequence_tokens_sum"] = float(sum(b.sequence_tokens for micros, _, _ in minis for b in micros))
+        totals["batch_tokens_sum"] = float(sum(b.input_ids.numel() for micros, _, _ in minis for b in micros))  # padding included
         return totals
 
     def token_stats(self, micros: list[list[TrainSequence]], temperature: float, kl_estimator: str | None,
@@ -312,7 +317,7 @@ class Learner(WeightSource):
             if values and not self.shared_value:
                 self._value_model().eval()
             for seqs in micros:
-                batch = pack(seqs, self.pad_id)
+                batch = pack(seqs, self.pad_id, self.config.pack_sequences)
                 if kl_estimator:
                     kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._reference_logprobs(batch, temperature), kl_estimator)
                     kls.append(batch.completion_rows(seqs, kl))
@@ -328,7 +333,7 @@ class Learner(WeightSource):
         for micros, normalizer, _ in work:
             finite = True
             for seqs in micros:
-                batch = pack(seqs, self.pad_id)
+                batch = pack(seqs, self.pad_id, self.config.pack_sequences)
                 loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask, normalizer / self.world_size)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 total += loss.item() / self.world_size

@@ -1,9 +1,11 @@
-"""Training sequences, and packing sequences of different lengths into padded tensors for the learner."""
+"""Training sequences, and packing sequences of different lengths into tensors for the learner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from learner.packing import rows_of
 
 
 @dataclass
@@ -23,47 +25,77 @@ class TrainSequence:
 
 @dataclass
 class PackedBatch:
-    input_ids: torch.Tensor  # [B, T], right-padded
-    attention_mask: torch.Tensor  # [B, T]
-    completion_mask: torch.Tensor  # [B, T-1], aligned with next-token logprobs: the tokens trained on
-    sampler_logprobs: torch.Tensor  # [B, T-1]
-    advantages: torch.Tensor  # [B, T-1], each completion token's (0 elsewhere)
-    old_values: torch.Tensor  # [B, T-1], PPO's values at the step's start (0 elsewhere or without them)
-    returns: torch.Tensor  # [B, T-1], PPO's value targets (likewise)
+    """Sequences in rows of a [R, W] tensor, W the longest sequence: end to end when packed
+    (learner/packing.py rows_of), one a row when padded, right-padded either way. The model keeps
+    sequences apart by their position ids (each starts at 0; with no attention mask, transformers
+    masks attention between the runs of position ids, whatever the attention implementation), so
+    every sequence is computed as if alone in its row. The per-token tensors are [R, W-1], aligned
+    with next-token logprobs."""
+
+    input_ids: torch.Tensor  # [R, W]
+    position_ids: torch.Tensor  # [R, W], each sequence's from 0; a row's padding continues the last sequence's
+    completion_mask: torch.Tensor  # [R, W-1]: the tokens trained on
+    completion_positions: torch.Tensor  # [R, W-1] bool: every completion token's (trained on or not): where logprobs are computed
+    sampler_logprobs: torch.Tensor  # [R, W-1]
+    advantages: torch.Tensor  # [R, W-1], each completion token's (0 elsewhere)
+    old_values: torch.Tensor  # [R, W-1], PPO's values at the step's start (0 elsewhere or without them)
+    returns: torch.Tensor  # [R, W-1], PPO's value targets (likewise)
+    placements: list[tuple[int, int]]  # per sequence (in the order given to `pack`): its row and first column
+    sequence_tokens: int  # the sequences' tokens, without padding
+
+    def model_inputs(self, device=None) -> dict:
+        """The model's keyword arguments: no attention mask, or the sequences of a row would see each
+        other, and no KV cache (transformers keeps packed sequences apart only without one)."""
+        return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device), "use_cache": False}
+
+    @property
+    def padding_share(self) -> float:
+        return 1.0 - self.sequence_tokens / max(self.input_ids.numel(), 1)
 
     def completion_rows(self, sequences: list[TrainSequence], values: torch.Tensor) -> list[list[float]]:
-        """Per sequence (the rows packed), the values of `values` [B, T-1] at its completion tokens."""
-        return [values[row, len(s.prompt_ids) - 1: len(s.prompt_ids) - 1 + len(s.completion_ids)].tolist()
-                for row, s in enumerate(sequences)]
+        """Per sequence (those packed, in their order), the values of `values` [R, W-1] at its completion tokens."""
+        out = []
+        for (row, column), s in zip(self.placements, sequences, strict=True):
+            start = column + len(s.prompt_ids) - 1
+            out.append(values[row, start:start + len(s.completion_ids)].tolist())
+        return out
 
 
-def pack(sequences: list[TrainSequence], pad_id: int) -> PackedBatch:
+def pack(sequences: list[TrainSequence], pad_id: int, packed: bool = True) -> PackedBatch:
+    """`sequences` in rows (end to end when `packed`), with their per-token values at their completion tokens."""
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
-    width = max(lengths)
-    batch = len(sequences)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)
-    completion_mask = torch.zeros((batch, width - 1))
-    sampler_logprobs = torch.zeros((batch, width - 1))
-    advantages = torch.zeros((batch, width - 1))
-    old_values = torch.zeros((batch, width - 1))
-    returns = torch.zeros((batch, width - 1))
     for row, seq in enumerate(sequences):
         for name, values in (("sampler logprobs", seq.sampler_logprobs), ("advantages", seq.advantages), ("mask values", seq.mask),
                              ("values", seq.values), ("returns", seq.returns)):
             if values is not None and len(values) != len(seq.completion_ids):
                 raise ValueError(f"sequence {row}: {len(values)} {name} for {len(seq.completion_ids)} completion tokens")
-        ids = seq.prompt_ids + seq.completion_ids
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention_mask[row, : len(ids)] = 1
-        # Next-token position t predicts token t+1: completion token j sits at len(prompt)+j,
-        # so it is predicted at position len(prompt)+j-1.
-        start = len(seq.prompt_ids) - 1
-        end = start + len(seq.completion_ids)
-        completion_mask[row, start:end] = 1 if seq.mask is None else torch.tensor(seq.mask, dtype=torch.float)
-        if seq.sampler_logprobs is not None:
-            sampler_logprobs[row, start:end] = torch.tensor(seq.sampler_logprobs)
-        for target, values in ((advantages, seq.advantages), (old_values, seq.values), (returns, seq.returns)):
-            if values is not None:
-                target[row, start:end] = torch.tensor(values)
-    return PackedBatch(input_ids, attention_mask, completion_mask, sampler_logprobs, advantages, old_values, returns)
+    rows = rows_of(lengths, list(range(len(sequences))), packed)
+    width = max(lengths)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    per_token = {name: torch.zeros((len(rows), width - 1)) for name in ("completion_mask", "sampler_logprobs", "advantages", "old_values", "returns")}
+    completion_positions = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+    placements: list[tuple[int, int]] = [(0, 0)] * len(sequences)
+    for r, members in enumerate(rows):
+        column = 0
+        for i in members:
+            seq = sequences[i]
+            placements[i] = (r, column)
+            ids = seq.prompt_ids + seq.completion_ids
+            input_ids[r, column:column + len(ids)] = torch.tensor(ids)
+            position_ids[r, column:column + len(ids)] = torch.arange(len(ids))
+            # Next-token position t predicts token t+1: completion token j sits at len(prompt)+j,
+            # so it is predicted at position len(prompt)+j-1 (a sequence's first token is a prompt
+            # token: no position predicts across two sequences' boundary).
+            start = column + len(seq.prompt_ids) - 1
+            end = start + len(seq.completion_ids)
+            per_token["completion_mask"][r, start:end] = 1 if seq.mask is None else torch.tensor(seq.mask, dtype=torch.float)
+            completion_positions[r, start:end] = True
+            for name, values in (("sampler_logprobs", seq.sampler_logprobs), ("advantages", seq.advantages),
+                                 ("old_values", seq.values), ("returns", seq.returns)):
+                if values is not None:
+                    per_token[name][r, start:end] = torch.tensor(values)
+            column += len(ids)
+        position_ids[r, column:] = torch.arange(position_ids[r, column - 1] + 1, position_ids[r, column - 1] + 1 + width - column)
+    return PackedBatch(input_ids, position_ids, completion_positions=completion_positions, placements=placements,
+                       sequence_tokens=sum(lengths), **per_token)

@@ -66,6 +66,16 @@ class LearnerConfig(Section):
         description="Token budget of one forward/backward pass (rows x longest sequence, padding "
         "included); a mini-batch is packed into as many micro-batches as it needs.",
     )
+    pack_sequences: bool = Field(
+        default=True,
+        description="Put sequences end to end in a micro-batch's rows, kept apart by their position ids (learner/batch.py), "
+        "rather than one sequence a row padded to the longest; the padding share is in each step's record.",
+    )
+    logit_chunk_tokens: int = Field(
+        default=512, ge=1,
+        description="Tokens whose logits are computed at once (learner/logits.py): the language-model head, the fp32 "
+        "log-softmax and its gradient hold this many tokens x the vocabulary, whatever the micro-batch's size.",
+    )
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
         default="token_mean",
         description="What a mini-batch's token losses are divided by. token_mean: the mini-batch's trained "

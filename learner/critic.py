@@ -74,8 +74,8 @@ class Critic:
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
 
     def _logits(self, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
-        batch = pack([TrainSequence(p, c) for p, c in pairs], self.pad_id)
-        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        batch = pack([TrainSequence(p, c) for p, c in pairs], self.pad_id, packed=False)  # a row each: pooled per row
+        hidden = self.backbone(**batch.model_inputs()).last_hidden_state
         # completion_mask marks the positions that predict completion tokens; one to the right
         # are the completion tokens themselves. An empty completion pools to zeros (the bias alone).
         mask = F.pad(batch.completion_mask, (1, 0)).unsqueeze(-1)

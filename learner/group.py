@@ -53,7 +53,8 @@ class LearnerGroup:
             lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mini]
             tokens = [trained_tokens(s) for s in mini]
             normalizer = loss_normalizer(aggregation, tokens, max_new_tokens)
-            for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))):
+            for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks),
+                                                        self.config.pack_sequences)):
                 work[rank].append(([[mini[i] for i in m] for m in micros], normalizer, max(sum(tokens), 1)))
         return work
 
@@ -76,7 +77,7 @@ class LearnerGroup:
         """Per sequence, at each completion token: with `kl`, the KL estimate to the reference (a KL
         penalty in the reward); with `values`, the value model's estimate (PPO). None where not asked."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
-        dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks))
+        dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks), self.config.pack_sequences)
         results = self._wait([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
                                                     self.config.kl_estimator if kl else None, values)
                               for r, micros in zip(self.ranks, dealt)], "token_stats")
@@ -174,6 +175,7 @@ def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
             merged[key] = sum(values) / len(values)
     merged["sampler_logprob_diff_mean"] = merged.pop("sampler_logprob_diff_sum") / max(merged["tokens"], 1.0)
     merged["entropy"] = merged.pop("entropy_sum") / max(merged["tokens"], 1.0)
+    merged["padding_share"] = 1.0 - merged.pop("sequence_tokens_sum") / max(merged.pop("batch_tokens_sum"), 1.0)
     merged["grad_norm"] = results[0]["grad_norm"]
     return merged
 

@@ -7,27 +7,25 @@ from dataclasses import dataclass
 import torch
 
 
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float32, or in its own dtype when that is wider: softmaxes over a vocabulary need it."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probability of each next token: out[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1]).
+    """Log-probability of each next token: out[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1]),
+    from the logits of every position (the learner itself uses learner.logits: in chunks).
 
     Logits are divided by the sampling temperature so that the values match what the sampler used.
     """
-    logits = logits[:, :-1].float() / temperature
+    logits = at_least_fp32(logits[:, :-1]) / temperature
     targets = input_ids[:, 1:].unsqueeze(-1)
     return torch.gather(logits.log_softmax(dim=-1), -1, targets).squeeze(-1)
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_logprobs and the entropy of each next-token distribution ([B, T-1] each), from one
-    log_softmax over the vocabulary."""
-    logprobs = (logits[:, :-1].float() / temperature).log_softmax(dim=-1)
-    chosen = torch.gather(logprobs, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return chosen, -(logprobs.exp() * logprobs).sum(dim=-1)
-
-
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of each next-token distribution at `temperature`, aligned as token_logprobs: [B, T-1]."""
-    logprobs = (logits[:, :-1].float() / temperature).log_softmax(dim=-1)
+    logprobs = (at_least_fp32(logits[:, :-1]) / temperature).log_softmax(dim=-1)
     return -(logprobs.exp() * logprobs).sum(dim=-1)
 
 

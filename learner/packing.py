@@ -1,29 +1,50 @@
 """Splitting a step's sequences among learner ranks and into micro-batches by a token budget.
 
-A micro-batch is padded to its longest sequence, so its cost is rows x longest length. Packing by
-that cost, rather than by a fixed count, keeps memory bounded when completions are long and
-avoids many tiny forward passes when they are short. Every rank must run the same number of
-forward/backward passes per optimizer step (ZeRO reduces gradients at each backward), so the
-number of micro-batches of a mini-batch is made a multiple of the world size, and the
-micro-batches are dealt to ranks to balance their tokens.
+A micro-batch is a tensor of rows x width, its width the longest sequence's. Packed (the
+default, learner.pack_sequences), each row holds sequences end to end, first fit in decreasing
+length, and the model keeps them apart by their position ids (learner/batch.py); padded, each
+sequence has a row. Packing by that cost, rather than by a fixed count, keeps memory bounded when
+completions are long and avoids many tiny forward passes when they are short. Every rank must run
+the same number of forward/backward passes per optimizer step (ZeRO reduces gradients at each
+backward), so the number of micro-batches of a mini-batch is made a multiple of the world size,
+and the micro-batches are dealt to ranks to balance their tokens.
 """
 from __future__ import annotations
 
 
-def padded_cost(lengths: list[int], indices: list[int]) -> int:
-    return len(indices) * max((lengths[i] for i in indices), default=0)
+def rows_of(lengths: list[int], indices: list[int], packed: bool = True) -> list[list[int]]:
+    """`indices` placed in rows as wide as the longest of them: end to end, first fit in
+    decreasing length (ties in `indices`' order), or one a row when not `packed`."""
+    if not packed:
+        return [[i] for i in indices]
+    width = max((lengths[i] for i in indices), default=0)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(indices, key=lambda i: -lengths[i]):
+        row = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if row is None:
+            rows.append([])
+            room.append(width)
+            row = len(rows) - 1
+        rows[row].append(i)
+        room[row] -= lengths[i]
+    return rows
 
 
-def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped into micro-batches whose padded cost is at most `max_tokens`.
+def cost(lengths: list[int], indices: list[int], packed: bool = True) -> int:
+    """Tokens of the micro-batch's tensor, padding included: rows x the longest sequence."""
+    return len(rows_of(lengths, indices, packed)) * max((lengths[i] for i in indices), default=0)
+
+
+def pack_by_tokens(lengths: list[int], max_tokens: int, packed: bool = True) -> list[list[int]]:
+    """Indices grouped into micro-batches whose cost is at most `max_tokens`.
 
     First fit over lengths in decreasing order; a sequence longer than the budget goes alone.
     """
     bins: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         for b in bins:
-            # Sorted decreasing: the bin's first sequence is its longest.
-            if (len(b) + 1) * lengths[b[0]] <= max_tokens:
+            if cost(lengths, b + [i], packed) <= max_tokens:
                 b.append(i)
                 break
         else:
@@ -39,20 +60,20 @@ def _split_largest(bins: list[list[int]]) -> None:
     bins[largest:largest + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
 
 
-def deal_to_ranks(lengths: list[int], max_tokens: int, world_size: int) -> list[list[list[int]]]:
+def deal_to_ranks(lengths: list[int], max_tokens: int, world_size: int, packed: bool = True) -> list[list[list[int]]]:
     """Micro-batches of one mini-batch for each rank: the same count on every rank, tokens balanced."""
     if len(lengths) < world_size:
         raise ValueError(f"{len(lengths)} sequences cannot be shared among {world_size} learner ranks")
-    bins = pack_by_tokens(lengths, max_tokens)
+    bins = pack_by_tokens(lengths, max_tokens, packed)
     while len(bins) % world_size:
         _split_largest(bins)
     per_rank = len(bins) // world_size
     ranks: list[list[list[int]]] = [[] for _ in range(world_size)]
     load = [0] * world_size
-    for b in sorted(bins, key=lambda b: -padded_cost(lengths, b)):
+    for b in sorted(bins, key=lambda b: -cost(lengths, b, packed)):
         r = min((r for r in range(world_size) if len(ranks[r]) < per_rank), key=lambda r: load[r])
         ranks[r].append(sorted(b))
-        load[r] += padded_cost(lengths, b)
+        load[r] += cost(lengths, b, packed)
     return ranks
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from learner.logits import final_hidden_states
+
 # The shared head's name in the policy's module: its parameters stay out of the weights pushed to
 # the rollout engines and of the Hugging Face export (`policy_state`).
 VALUE_HEAD = "value_head"
@@ -30,9 +32,9 @@ class ValueModel(torch.nn.Module):
         self.backbone = causal_lm.base_model
         self.value_head = _head(causal_lm.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Values [B, T-1], aligned with the next-token logprobs."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, **inputs) -> torch.Tensor:
+        """Values [B, T-1], aligned with the next-token logprobs, of a PackedBatch's `model_inputs`."""
+        hidden = self.backbone(**inputs).last_hidden_state
         return self.value_head(hidden).squeeze(-1)[:, :-1]
 
 
@@ -41,12 +43,12 @@ def add_value_head(causal_lm) -> None:
     causal_lm.add_module(VALUE_HEAD, _head(causal_lm.config.hidden_size).to(causal_lm.dtype))
 
 
-def logits_and_values(forward, causal_lm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_and_values(forward, causal_lm, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass (`forward`: `causal_lm` or the engine that wraps it) of a policy with a
-    shared head: its logits and its values [B, T-1], the head on the last hidden state (after
-    the final norm, as the language-model head sees it)."""
-    out = forward(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    return out.logits, getattr(causal_lm, VALUE_HEAD)(out.hidden_states[-1]).squeeze(-1)[:, :-1]
+    shared head: its final hidden states (for learner.logits) and its values [B, T-1], the head on
+    the last hidden state (after the final norm, as the language-model head sees it)."""
+    hidden = final_hidden_states(forward, causal_lm, inputs)
+    return hidden, getattr(causal_lm, VALUE_HEAD)(hidden).squeeze(-1)[:, :-1]
 
 
 def policy_state(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

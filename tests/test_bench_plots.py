@@ -45,6 +45,21 @@ def test_run_writes_the_report_the_json_and_a_chart_per_comparison(tmp_path, mon
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["fake-0.png", "fake-1.png"]
 
 
+def test_a_partial_run_replaces_only_its_own_sections(tmp_path, monkeypatch):
+    fake = types.ModuleType("fake_bench")
+    fake.main = lambda: print("new figures") or []
+    monkeypatch.setitem(sys.modules, "fake_bench", fake)
+    monkeypatch.setattr(run, "BENCHMARKS", {"fake": "fake_bench", "other": "fake_bench"})
+    (tmp_path / "results.md").write_text("# Benchmark results\n\nold machine\n\n## fake\n\nold figures\n\n## other\n\nkept\n\n"
+                                         "## soak\n\nsoaked\n")
+    (tmp_path / "results.json").write_text(json.dumps({"machine": [], "benchmarks": {"other": {"seconds": 1}}}))
+    run.main(["fake"], tmp_path)
+    report = (tmp_path / "results.md").read_text()
+    assert "old figures" not in report and "old machine" not in report and "new figures" in report
+    assert report.index("## fake") < report.index("## other\n\nkept") < report.index("## soak\n\nsoaked")
+    assert set(json.loads((tmp_path / "results.json").read_text())["benchmarks"]) == {"fake", "other"}
+
+
 def test_repeated_runs_take_turns_and_give_medians():
     from bench.plots import alternating, medians
 

@@ -6,7 +6,7 @@ import torch
 
 from learner.advantages import rloo_advantages, whiten
 from learner.batch import TrainSequence, pack
-from learner.packing import deal_to_ranks, pack_by_tokens, split_even
+from learner.packing import cost, deal_to_ranks, pack_by_tokens, rows_of, split_even
 from learner.losses import LossConfig, LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
 
 
@@ -117,19 +117,57 @@ def test_sft_loss_is_masked_nll():
 
 def test_pack_masks_only_completion_positions():
     seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], [1.0, 1.0]), TrainSequence([5], [8, 9, 10], [-1.0, -2.0, -3.0], [-1.0] * 3)]
-    b = pack(seqs, pad_id=0)
+    b = pack(seqs, pad_id=0, packed=False)
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 0]]
-    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]  # padding continues its row's sequence
+    assert b.padding_share == pytest.approx(0.1)
     # position t predicts token t+1: completion tokens of row 0 are predicted at 2 and 3
     assert b.completion_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
     assert torch.allclose(b.sampler_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [-1.0, -2.0, -3.0, 0]]))
     assert torch.equal(b.advantages, torch.tensor([[0, 0, 1.0, 1.0], [-1.0, -1.0, -1.0, 0]]))
 
 
+def test_pack_puts_sequences_end_to_end_each_from_position_0():
+    seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], [1.0, 1.0]), TrainSequence([5], [8], [-1.0], [2.0]),
+            TrainSequence([4, 6], [7], [-3.0], [3.0])]
+    b = pack(seqs, pad_id=0)
+    # rows as wide as the longest (5): it alone, then the 3-token and the 2-token sequences
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [4, 6, 7, 5, 8]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert b.placements == [(0, 0), (1, 3), (1, 0)]
+    assert b.completion_mask.tolist() == [[0, 0, 1, 1], [0, 1, 0, 1]]  # position 2 of row 1 predicts the next sequence's prompt
+    assert b.padding_share == 0.0
+    assert b.completion_rows(seqs, b.advantages) == [[1.0, 1.0], [2.0], [3.0]]
+    assert sum(b.completion_rows(seqs, b.sampler_logprobs), []) == pytest.approx([-0.1, -0.2, -1.0, -3.0])
+    assert "attention_mask" not in b.model_inputs()  # it would join a row's sequences
+
+
+def test_packed_rows_give_each_sequence_the_logprobs_it_has_alone(tiny_model):
+    """transformers keeps a row's sequences apart by their position ids (no attention mask), with
+    the tiny model's attention implementation: packed equals padded."""
+    from common.hf import load_causal_lm
+    from learner.logits import chunked_logprobs, final_hidden_states
+
+    model = load_causal_lm(tiny_model).eval()
+    generator = torch.Generator().manual_seed(0)
+    seqs = [TrainSequence(torch.randint(100, (p,), generator=generator).tolist(), torch.randint(100, (c,), generator=generator).tolist())
+            for p, c in [(6, 30), (4, 10), (8, 12), (3, 5), (5, 9)]]
+    out = {}
+    for packed in (True, False):
+        b = pack(seqs, pad_id=0, packed=packed)
+        with torch.no_grad():
+            hidden = final_hidden_states(model, model, b.model_inputs())
+            logprobs = chunked_logprobs(hidden, model.get_output_embeddings(), b.input_ids, b.completion_positions, 1.0, 64)
+        out[packed] = (b, b.completion_rows(seqs, logprobs))
+    assert out[True][0].input_ids.shape[0] < len(seqs) and out[True][0].padding_share < out[False][0].padding_share
+    for packed_row, padded_row in zip(out[True][1], out[False][1]):
+        assert torch.tensor(packed_row) == pytest.approx(torch.tensor(padded_row), abs=1e-5)
+
+
 def test_pack_places_token_advantages_and_the_policy_mask_on_their_tokens():
     seqs = [TrainSequence([5, 6, 7], [8, 9], [-0.1, -0.2], [0.5, -2.0]),
             TrainSequence([5], [8, 9, 10], [-1.0, 0.0, -3.0], [-1.0, -1.0, -1.0], mask=[True, False, True])]
-    b = pack(seqs, pad_id=0)
+    b = pack(seqs, pad_id=0, packed=False)
     assert torch.equal(b.advantages, torch.tensor([[0, 0, 0.5, -2.0], [-1.0, -1.0, -1.0, 0]]))
     # the environment's token (mask False) is not trained on
     assert b.completion_mask.tolist() == [[0, 0, 1, 1], [1, 0, 1, 0]]
@@ -148,7 +186,7 @@ def test_policy_loss_gradient_of_each_token_scales_with_its_own_advantage():
     # Packed per-token advantages: on-policy, d loss / d logprob_t = -A_t / (completion tokens).
     seqs = [TrainSequence([5, 6], [8, 9, 4], [-1.0, -0.5, -2.0], [3.0, -1.0, 0.0]),
             TrainSequence([5], [7, 8], [-0.2, -0.3], [-0.5, -0.5])]
-    b = pack(seqs, pad_id=0)
+    b = pack(seqs, pad_id=0, packed=False)
     logprobs = b.sampler_logprobs.clone().requires_grad_(True)
     loss, _ = loss_of(logprobs, b.sampler_logprobs, b.advantages, b.completion_mask, clip_eps=0.2)
     loss.backward()
@@ -165,11 +203,21 @@ def test_split_even_covers_everything_in_order():
 
 def test_pack_by_tokens_respects_the_budget_counting_padding():
     lengths = [10, 50, 20, 20, 5, 45]
-    bins = pack_by_tokens(lengths, max_tokens=100)
+    bins = pack_by_tokens(lengths, max_tokens=100, packed=False)
     assert sorted(i for b in bins for i in b) == list(range(6))
     assert all(len(b) * max(lengths[i] for i in b) <= 100 for b in bins)
     assert len(bins) == 2  # [50, 45] and [20, 20, 10, 5]
     assert pack_by_tokens([300, 1], max_tokens=100) == [[0], [1]]  # too long for the budget: alone
+
+
+def test_pack_by_tokens_counts_packed_rows():
+    lengths = [50, 30, 20, 25, 25]
+    bins = pack_by_tokens(lengths, max_tokens=100)
+    # [50 | 30 20]: two rows of 50; padded, the 20 would have made a third row
+    assert bins == [[0, 1, 2], [3, 4]]
+    assert [cost(lengths, b) for b in bins] == [100, 50]
+    assert rows_of(lengths, [0, 1, 2]) == [[0], [1, 2]]
+    assert cost(lengths, [0, 1, 2], packed=False) == 150
 
 
 def test_deal_to_ranks_gives_every_rank_the_same_number_of_passes():
@@ -347,12 +395,6 @@ def test_token_entropy():
     assert h[0, 0].item() == pytest.approx(math.log(4)) and h[0, 1].item() == pytest.approx(0.0, abs=1e-6)
     # at a higher temperature the peaked distribution spreads out
     assert token_entropy(logits, temperature=10.0)[0, 1].item() > 0.5
-    # the learner's one-pass version gives the same logprobs and entropies
-    from learner.losses import token_logprobs_and_entropy
-
-    ids = torch.tensor([[0, 3, 1]])
-    logprobs, entropies = token_logprobs_and_entropy(logits, ids, temperature=2.0)
-    assert torch.equal(logprobs, token_logprobs(logits, ids, 2.0)) and torch.equal(entropies, token_entropy(logits, 2.0))
 
 
 def test_kl_estimators():

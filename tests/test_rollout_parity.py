@@ -116,7 +116,7 @@ def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
     batch = pack(seqs, pad_id=0)
     model = load_causal_lm(tiny_model)
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = model(**batch.model_inputs()).logits
     ours = token_logprobs(logits, batch.input_ids, temperature=0.7)
     mask = batch.completion_mask.bool()
     assert mask.sum() > 20

@@ -281,7 +281,7 @@ def test_no_gradient_reaches_an_observation_token(tiny_model):
     seq.advantages = [1.0] * len(seq.completion_ids)
     batch = pack([seq], pad_id=0)
     model = load_causal_lm(str(tiny_model))
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    logits = model(**batch.model_inputs()).logits[:, :-1]
     logits.retain_grad()
     logprobs = logits.log_softmax(-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     loss, _ = policy_loss(LossInputs(logprobs, logprobs.detach(), batch.sampler_logprobs, batch.advantages, batch.completion_mask),
