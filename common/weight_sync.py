@@ -1,19 +1,25 @@
-"""Weight sync from learner rank 0 into the rollout engines: one broadcast group, parameters in buckets.
+"""Weight sync from learner rank 0 into the rollout engines: one group, parameters in buckets.
 
-Two transports, one protocol:
+Three transports, one protocol:
 
+- "shm": for an engine on the sender's Ray node. The sender writes the buckets into one file in
+  /dev/shm (named per group and push); the engine maps it and hands views of it to its loader, with
+  no copy on the way. The file goes once every engine has loaded it, or the push failed.
 - "gloo": torch.distributed's CPU backend over TCP (one machine or several); the receiver hands
   the tensors to the engine's own weight loader (vLLM's in-place reload, which repacks weights
   for the CPU kernels), bucket by bucket as they arrive.
 - "nccl": the same broadcasts into the GPU memory of the vLLM workers (the receiving side runs
   inside the vLLM worker process, through vLLM's worker extension and `collective_rpc`).
+"auto" (the config's default) is shm for an engine on the sender's node and gloo for the others.
 
-The sender (learner rank 0) hosts a TCPStore; every engine joins as rank 1..N. A push sends the
-buckets of a `BucketPlan` in order, each one flat buffer of one dtype, then a trailer: the float64
-sum of every bucket and of a few probe parameters. Each receiver checks the sums of what it got
-against the trailer, and the probe parameters read back from its engine after loading, before it
-takes on the new version (`verify`). Every collective has a timeout: a peer that died or never
-joined raises an error that says so, rather than hanging the run.
+The sender (learner rank 0) hosts a TCPStore; every engine joins as rank 1..N and says there which
+transport it takes (`open_group`). A push sends the buckets of a `BucketPlan` in order, each one
+flat buffer of one dtype, then a trailer: the checksum of every bucket (`bit_sum`: exact) and the
+float64 sums of a few probe parameters. Shared-memory receivers read each bucket's checksum from
+the store once it is written, and the probes after the last. Each receiver checks the checksums
+of what it got, and the probe parameters read back from its engine after loading, before it
+takes on the new version (`verify`). Every wait has a timeout: a peer that died or never joined
+raises an error that says so, rather than hanging the run.
 
 A push is of one form (`BucketPlan.form`): "weights", the whole model as the engine serves it;
 "adapter", only a LoRA adapter's tensors under PEFT's names with its adapter_config, which the
@@ -24,8 +30,12 @@ starts from other weights than the learner's base gets it before the adapter). A
 """
 from __future__ import annotations
 
+import json
+import os
+import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -37,6 +47,10 @@ PROBE_NAMES = ("model.embed_tokens.weight", "model.norm.weight")
 # scales lora_B by alpha / r and packs q, k, v together, which leaves that sum alone).
 ADAPTER_PROBE = "*.lora_A"
 FORMS = ("weights", "base", "adapter")
+TRANSPORTS = ("auto", "shm", "gloo", "nccl")  # rollout.weight_sync.transport (module docstring)
+SHM_DIR = "/dev/shm"
+SEGMENT_PREFIX = "coderloo-weights-"  # a push's file: SHM_DIR/SEGMENT_PREFIX<group token>-<push number>
+_ALIGN = 64  # each bucket starts at a multiple of this in a segment (any dtype's view of it is aligned)
 
 
 class WeightSyncError(RuntimeError):
@@ -125,32 +139,118 @@ def probe_sums(named: Mapping[str, torch.Tensor], probes: Iterable[str]) -> dict
         if probe == ADAPTER_PROBE:
             tensors = [t for n, t in named.items() if is_lora_a(n)]
             if tensors:
-                sums[probe] = float(sum(t.detach().double().sum() for t in tensors))
+                sums[probe] = float(sum(float64_sum(t) for t in tensors))
         elif probe in named:
-            sums[probe] = float(named[probe].detach().double().sum())
+            sums[probe] = float64_sum(named[probe])
     return sums
 
 
-def open_group(backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float):
-    """Join (rank 0: host) a process group of its own, beside any default torch.distributed group.
+def float64_sum(tensor: torch.Tensor) -> float:
+    """The sum of `tensor`, accumulated in float64 (without the float64 copy `.double()` makes:
+    3-4x faster on a CPU, which matters for a 0.5B model's embedding)."""
+    return float(torch.sum(tensor.detach(), dtype=torch.float64))
 
-    Blocks until all `world_size` ranks have joined, or raises after `timeout_s`.
+
+def bit_sum(buf: torch.Tensor) -> int:
+    """A bucket's checksum: the sum of its bytes as little-endian 64-bit words, modulo 2**64 (as a
+    signed int64). Exact and independent of the order of the additions (so of threads), and as
+    fast as a read of the bytes; any one changed word changes it."""
+    flat = buf.detach().reshape(-1).view(torch.uint8)
+    whole = flat.numel() // 8 * 8
+    total = int(flat[:whole].view(torch.int64).sum()) if whole else 0
+    total += int.from_bytes(flat[whole:].cpu().numpy().tobytes(), "little")
+    return (total + 2**63) % 2**64 - 2**63
+
+
+@dataclass
+class WeightGroup:
+    """One rank's view of a weight-sync group: the store every rank joined, and how each engine
+    receives (`transports`, by rank). `broadcast` is the process group of rank 0 and the ranks that
+    receive by gloo or nccl (None on a rank outside it, or when every engine takes shm)."""
+
+    store: object
+    rank: int
+    timeout_s: float
+    token: str  # names this group's shared-memory files
+    transports: dict[int, str]
+    broadcast: object | None
+    pushes: int = field(default=0)  # pushes begun in this group: both sides count them alike
+
+    @property
+    def transport(self) -> str:
+        return self.transports.get(self.rank, "sender")
+
+    @property
+    def shm_ranks(self) -> list[int]:
+        return [r for r, t in self.transports.items() if t == "shm"]
+
+    def segment_path(self, push: int) -> str:
+        return os.path.join(SHM_DIR, f"{SEGMENT_PREFIX}{self.token}-{push}")
+
+    def wait_get(self, key: str, waiting_for: str) -> bytes:
+        try:
+            self.store.wait([key], timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:  # the store's timeout (DistStoreError), or its host went away
+            raise WeightSyncTimeout(f"weight sync: no {waiting_for} within {self.timeout_s:g} s ({' '.join(str(e).split())[:200]})") from e
+        return self.store.get(key)
+
+
+def open_group(transport: str, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+               node_id: str | None = None) -> WeightGroup:
+    """Join (rank 0: host) a weight-sync group of its own, beside any default torch.distributed group.
+
+    `transport`: one of TRANSPORTS. Rank 0 says its Ray `node_id` in the store; an engine (rank >= 1)
+    taking "auto" receives by shm when its `node_id` is the same and by gloo otherwise, and one
+    taking "shm" on another node is refused. Blocks until all `world_size` ranks have joined, or
+    raises WeightSyncTimeout after `timeout_s`.
     """
     import torch.distributed as dist
 
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown weight-sync transport {transport!r}: expected one of {', '.join(map(repr, TRANSPORTS))}")
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     store = dist.PrefixStore("coderloo-weights", store)
+    if rank == 0:
+        store.set("sender", json.dumps({"node": node_id, "token": uuid.uuid4().hex[:16]}))
+    group = WeightGroup(store, rank, timeout_s, "", {}, None)
+    sender = json.loads(group.wait_get("sender", "weight-sync sender (rank 0) in the store"))
+    group.token = sender["token"]
+    if rank > 0:
+        mine = transport
+        if transport in ("auto", "shm"):
+            same_node = node_id is not None and node_id == sender["node"]
+            if transport == "shm" and not same_node:
+                why = (f"rollout.weight_sync.transport 'shm': engine rank {rank} is on Ray node {node_id}, the learner's "
+                       f"rank 0 on {sender['node']}; shared memory needs one node (use 'auto' or 'gloo')")
+                store.set(f"transport/{rank}", "error: " + why)
+                raise WeightSyncError(why)
+            mine = "shm" if same_node else "gloo"
+        store.set(f"transport/{rank}", mine)
+    for r in range(1, world_size):
+        said = group.wait_get(f"transport/{r}", f"answer from weight-sync rank {r} (it never joined)").decode()
+        if said.startswith("error: "):
+            raise WeightSyncError(f"weight-sync rank {r} could not join: {said.removeprefix('error: ')}")
+        group.transports[r] = said
+    members = [0] + [r for r, t in group.transports.items() if t != "shm"]
+    if len(members) > 1 and rank in members:
+        backend = "nccl" if "nccl" in group.transports.values() else "gloo"
+        group.broadcast = _process_group(backend, dist.PrefixStore("broadcast", store), members.index(rank), len(members),
+                                         timeout, host if rank == 0 else _own_address(host))
+    return group
+
+
+def _process_group(backend: str, store, rank: int, world_size: int, timeout: timedelta, address: str):
+    import torch.distributed as dist
+
     if backend == "gloo":
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host if rank == 0 else _own_address(host))]
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
         return dist.ProcessGroupGloo(store, rank, world_size, opts)
-    if backend == "nccl":
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, opts)
-    raise ValueError(f"unknown weight-sync transport {backend!r}: expected 'gloo' or 'nccl'")
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world_size, opts)
 
 
 def _own_address(peer: str) -> str:
@@ -175,16 +275,94 @@ def _broadcast(group, tensor: torch.Tensor) -> None:
         raise WeightSyncTimeout(f"weight broadcast failed (a peer died, hung or left the group): {e}") from e
 
 
-def send(group, plan: BucketPlan, named: Mapping[str, torch.Tensor], device: torch.device | str) -> dict:
-    """Rank 0: broadcast every bucket of `plan`, then the trailer of checksums."""
-    sums = []
+def segment_layout(plan: BucketPlan) -> tuple[list[int], int]:
+    """Where each bucket starts in a push's shared-memory file, and the file's size."""
+    offsets, end = [], 0
     for bucket in plan.buckets:
-        buf = torch.cat([named[s.name].detach().reshape(-1).to(device=device, dtype=s.torch_dtype) for s in bucket])
-        sums.append(buf.double().sum())
-        _broadcast(group, buf)
-    probes = probe_sums(named, plan.probes)
-    _broadcast(group, torch.tensor([float(x) for x in sums] + [probes[p] for p in plan.probes], dtype=torch.float64, device=device))
-    return {"bytes": plan.nbytes}
+        offsets.append(end)
+        nbytes = sum(s.numel for s in bucket) * bucket[0].torch_dtype.itemsize
+        end += -(-nbytes // _ALIGN) * _ALIGN
+    return offsets, max(end, _ALIGN)
+
+
+def _bucket_view(segment: torch.Tensor, plan: BucketPlan, offsets: list[int], i: int) -> torch.Tensor:
+    bucket = plan.buckets[i]
+    dtype = bucket[0].torch_dtype
+    nbytes = sum(s.numel for s in bucket) * dtype.itemsize
+    return segment[offsets[i] : offsets[i] + nbytes].view(dtype)
+
+
+def _unpack(bucket: tuple[TensorSpec, ...], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors of a bucket's flat buffer (views of it)."""
+    out, offset = [], 0
+    for spec in bucket:
+        out.append((spec.name, buf[offset : offset + spec.numel].view(spec.shape)))
+        offset += spec.numel
+    return out
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def send(group: WeightGroup, plan: BucketPlan, named: Mapping[str, torch.Tensor], device: torch.device | str) -> dict:
+    """Rank 0: every bucket of `plan`, then the trailer of checksums, to every engine: written into
+    this push's shared-memory file for the shm ranks (each bucket's checksum goes to the store as
+    soon as it is written, so they load while the next is written), broadcast for the others.
+    Returns once every shm rank has loaded (and checked) its copy; the file is gone by then.
+    Returns the bytes sent and seconds taken: to send them (`sent_s`) and until the shm ranks had loaded them."""
+    start = time.perf_counter()
+    push = group.pushes
+    group.pushes += 1
+    shm_ranks = group.shm_ranks
+    path = group.segment_path(push)
+    segment = buf = None
+    try:
+        if shm_ranks:
+            offsets, size = segment_layout(plan)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            segment = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        sums = []
+        for i, bucket in enumerate(plan.buckets):
+            if segment is not None:
+                buf = _bucket_view(segment, plan, offsets, i)
+                at = 0
+                for s in bucket:  # straight from the parameters into the file: one copy
+                    buf[at : at + s.numel].copy_(named[s.name].detach().reshape(-1))
+                    at += s.numel
+            else:
+                buf = torch.cat([named[s.name].detach().reshape(-1).to(device=device, dtype=s.torch_dtype) for s in bucket])
+            sums.append(bit_sum(buf))
+            if segment is not None:
+                group.store.set(f"{push}/bucket/{i}", str(sums[-1]))
+            if group.broadcast is not None:
+                _broadcast(group.broadcast, buf)
+        probes = probe_sums(named, plan.probes)
+        probe_list = [probes[p] for p in plan.probes]
+        if segment is not None:
+            group.store.set(f"{push}/probes", json.dumps(probe_list))
+        if group.broadcast is not None:
+            _broadcast(group.broadcast, _trailer(sums, probe_list, device))
+        sent_s = time.perf_counter() - start
+        for r in shm_ranks:  # the file stays until each has loaded it (an engine that fails says so at once)
+            group.wait_get(f"{push}/done/{r}", f"word from weight-sync rank {r} that it loaded push {push} from shared memory")
+    finally:
+        segment = buf = None  # unmapped now, not when a traceback holding this frame goes
+        _unlink(path)
+    # sent_s: until every byte and checksum was written or broadcast; the rest, waiting for shm engines to load
+    return {"bytes": plan.nbytes, "sent_s": sent_s, "loaded_s": time.perf_counter() - start}
+
+
+def _trailer(sums: list[int], probes: list[float], device) -> torch.Tensor:
+    """The broadcast trailer, one int64 tensor: the buckets' checksums, then the probes' float64 bits."""
+    return torch.cat([torch.tensor(sums, dtype=torch.int64), torch.tensor(probes, dtype=torch.float64).view(torch.int64)]).to(device)
 
 
 class WeightSource:
@@ -215,7 +393,9 @@ class WeightSource:
         return node_address_and_port()
 
     def open_weight_group(self, transport: str, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        self._sync_group = open_group(transport, host, port, 0, world_size, timeout_s)
+        import ray
+
+        self._sync_group = open_group(transport, host, port, 0, world_size, timeout_s, ray.get_runtime_context().get_node_id())
         self._sync_device = "cuda" if transport == "nccl" else "cpu"
 
     def weight_plans(self, bucket_bytes: int) -> list[BucketPlan]:
@@ -227,7 +407,7 @@ class WeightSource:
         return plans
 
     def send_weights(self, plan: BucketPlan, send_them: bool = True) -> dict:
-        """Broadcast the push of `plan`; with `send_them` false (learner ranks > 0), only take part
+        """Send the push of `plan`; with `send_them` false (learner ranks > 0), only take part
         in gathering it (a collective under ZeRO-3)."""
         with self.weights_for_sync(plan.form) as named:
             if not send_them:
@@ -238,47 +418,106 @@ class WeightSource:
 
 
 class Receiver:
-    """Ranks 1..N: `tensors()` yields (name, tensor) as buckets arrive, for the engine's loader.
+    """Ranks 1..N: `tensors()` yields (name, tensor) as buckets arrive, for the engine's loader:
+    from the broadcast, or views of the push's shared-memory file (shm: no copy).
 
-    After the loader has consumed them, `finish(held_probes)` receives the trailer and raises
-    WeightSyncError if any bucket or probe parameter differs from what the sender had.
+    After the loader has consumed them, `finish(read_probes)` takes the trailer and raises
+    WeightSyncError if any bucket or probe parameter differs from what the sender had. An
+    shm receiver must `close()` (after `finish`, or on failure: then the sender hears of it at
+    once): it drops its mapping of the file, tells the sender, and the last one removes the file.
     """
 
-    def __init__(self, group, plan: BucketPlan, device: torch.device | str):
+    def __init__(self, group: WeightGroup, plan: BucketPlan, device: torch.device | str):
         self.group, self.plan, self.device = group, plan, device
-        self.sums: list[float] = []
+        self.sums: list[int] = []
+        self.shm = group.transport == "shm"
+        self.push = group.pushes
+        group.pushes += 1
+        self._segment = None
+        self._closed = False
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Over shm, every bucket has arrived and its checksum is checked when this returns (the
+        call, not the iteration), so a bad push is refused before the loader changes anything;
+        a broadcast is checked as it is loaded (the trailer, in `finish`)."""
+        if self.shm:
+            return iter(self._mapped())
+        return self._broadcast_tensors()
+
+    def _mapped(self) -> list[tuple[str, torch.Tensor]]:
+        offsets, size = segment_layout(self.plan)
+        out = []
+        for i, bucket in enumerate(self.plan.buckets):
+            sent = int(self.group.wait_get(f"{self.push}/bucket/{i}", f"bucket {i} of push {self.push} from the sender"))
+            if self._segment is None:  # a private mapping: the engine cannot write into the sender's file
+                self._segment = torch.from_file(self.group.segment_path(self.push), shared=False, size=size, dtype=torch.uint8)
+            buf = _bucket_view(self._segment, self.plan, offsets, i)
+            self.sums.append(bit_sum(buf))
+            if self.sums[-1] != sent:
+                raise WeightSyncError(f"bucket {i} (from {bucket[0].name}) arrived with checksum {self.sums[-1]}, sent with {sent}")
+            out += _unpack(bucket, buf if str(self.device) == "cpu" else buf.to(self.device))
+        return out
+
+    def _broadcast_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in self.plan.buckets:
-            numel = sum(s.numel for s in bucket)
-            buf = torch.empty(numel, dtype=bucket[0].torch_dtype, device=self.device)
-            _broadcast(self.group, buf)
-            self.sums.append(float(buf.double().sum()))
-            offset = 0
-            for spec in bucket:
-                yield spec.name, buf[offset : offset + spec.numel].view(spec.shape)
-                offset += spec.numel
+            buf = torch.empty(sum(s.numel for s in bucket), dtype=bucket[0].torch_dtype, device=self.device)
+            _broadcast(self.group.broadcast, buf)
+            self.sums.append(bit_sum(buf))
+            yield from _unpack(bucket, buf)
 
     def finish(self, read_probes: Callable[[list[str]], dict[str, float]]) -> None:
         if len(self.sums) != len(self.plan.buckets):
             raise WeightSyncError(
                 f"the engine's loader consumed {len(self.sums)} of {len(self.plan.buckets)} buckets"
             )
-        trailer = torch.empty(len(self.plan.buckets) + len(self.plan.probes), dtype=torch.float64, device=self.device)
-        _broadcast(self.group, trailer)
-        expected = trailer.cpu().tolist()
+        n = len(self.plan.buckets)
+        if self.shm:
+            self._segment = None
+            sent = [int(self.group.store.get(f"{self.push}/bucket/{i}")) for i in range(n)]
+            probes = json.loads(self.group.wait_get(f"{self.push}/probes", f"the probes of push {self.push}"))
+            expected = sent + probes
+        else:
+            trailer = torch.empty(n + len(self.plan.probes), dtype=torch.int64, device=self.device)
+            _broadcast(self.group.broadcast, trailer)
+            trailer = trailer.cpu()
+            expected = trailer[:n].tolist() + trailer[n:].view(torch.float64).tolist()
         verify(self.plan, self.sums, expected, read_probes(list(self.plan.probes)))
 
+    def close(self, error: BaseException | None = None) -> None:
+        """Shared memory only (else nothing to do): unmap the file, tell the sender this push is
+        loaded (or why not), and remove the file if this is the last engine to have used it."""
+        if not self.shm or self._closed:
+            return
+        self._closed = True
+        self._segment = None
+        store = self.group.store
+        # After a timeout the sender's own removal may never come (it died): this engine removes the file.
+        last = isinstance(error, WeightSyncTimeout)
+        try:
+            store.set(f"{self.push}/done/{self.group.rank}", "ok" if error is None else f"{type(error).__name__}: {error}"[:500])
+            last = store.add(f"{self.push}/closed", 1) == len(self.group.shm_ranks) or last
+        except RuntimeError:  # the store went with the sender, which hosted it
+            last = True
+        if last:
+            _unlink(self.group.segment_path(self.push))
 
-def verify(plan: BucketPlan, received: list[float], trailer: list[float], held: dict[str, float]) -> None:
-    """Compare the received bucket sums and the engine's probe parameters with the sender's sums."""
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.close(error)
+
+
+def verify(plan: BucketPlan, received: list, trailer: list, held: dict[str, float]) -> None:
+    """Compare the received bucket checksums (exactly) and the engine's probe parameters (float64
+    sums, to a relative 1e-6: the engine's sum runs in its own order) with the sender's."""
 
     def close(a: float, b: float) -> bool:
         return abs(a - b) <= 1e-6 * max(1.0, abs(b))
 
     n = len(plan.buckets)
     for i, (got, sent) in enumerate(zip(received, trailer[:n])):
-        if not close(got, sent):
+        if got != sent:
             first = plan.buckets[i][0].name
             raise WeightSyncError(f"bucket {i} (from {first}) arrived with sum {got}, sent with sum {sent}")
     for name, sent in zip(plan.probes, trailer[n:]):

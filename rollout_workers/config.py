@@ -11,9 +11,11 @@ from common.config import Section
 
 
 class WeightSyncConfig(Section):
-    transport: Literal["gloo", "nccl"] = Field(
-        default="gloo",
-        description="gloo: CPU broadcast over TCP (any machine); nccl: GPU broadcast into the vLLM workers.",
+    transport: Literal["auto", "shm", "gloo", "nccl"] = Field(
+        default="auto",
+        description="auto: shm for a vLLM worker on the learner's Ray node, gloo for the others; shm: through a file in "
+        "/dev/shm that the engine maps (every vLLM worker on the learner's node); gloo: CPU broadcast over TCP (any "
+        "machine); nccl: GPU broadcast into the vLLM workers.",
     )
     bucket_mb: float = Field(default=32.0, gt=0, description="Parameters travel in buckets of at most this many MiB.")
     timeout_s: float = Field(default=120.0, gt=0, description="A push that a peer does not finish in this time raises instead of hanging.")
@@ -65,6 +67,9 @@ class RolloutConfig(Section):
     def _engine_options(self) -> "RolloutConfig":
         if self.backend == "transformers" and self.dtype != "float32":
             raise ValueError("rollout.dtype applies to the vllm backend; the transformers backend generates in float32")
+        if self.backend == "transformers" and self.weight_sync.transport not in ("auto", "gloo"):
+            raise ValueError(f"rollout.weight_sync.transport {self.weight_sync.transport!r}: the transformers backend "
+                             "receives weights by gloo (use 'auto' or 'gloo')")
         return self
 
     def temperature_at(self, step: int) -> float:

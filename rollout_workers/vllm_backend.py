@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from rollout_workers.types import GenerationParams, Prompt, PromptRollout, Sample
-from common.weight_sync import ADAPTER_PROBE, BucketPlan, Receiver, WeightSyncError, open_group
+from common.weight_sync import ADAPTER_PROBE, BucketPlan, Receiver, WeightSyncError, float64_sum, open_group
 
 # vLLM's allowed max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -139,29 +139,31 @@ class WeightSyncExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`): a weight push is received where the
     model lives, in the worker process, and loaded bucket by bucket as it arrives."""
 
-    def coderloo_join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        self.coderloo_group = open_group(backend, host, port, rank, world_size, timeout_s)
+    def coderloo_join_weight_group(self, transport: str, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                                   node_id: str | None = None) -> None:
+        self.coderloo_group = open_group(transport, host, port, rank, world_size, timeout_s, node_id)
 
     def coderloo_receive_weights(self, plan: BucketPlan) -> None:
-        receiver = Receiver(self.coderloo_group, plan, self.device)
         # The model's own loader (in-place reload) maps checkpoint names, ties lm_head to the
-        # embedding and repacks weights for the CPU kernels; it consumes buckets as they arrive.
-        self.reload_weights(weights_iterator=receiver.tensors())
-        receiver.finish(self.coderloo_probe)
+        # embedding and repacks weights for the CPU kernels; it consumes buckets as they arrive
+        # (over shm: views of the learner's file, copied once, into the engine's parameters).
+        with Receiver(self.coderloo_group, plan, self.device) as receiver:
+            self.reload_weights(weights_iterator=receiver.tensors())
+            receiver.finish(self.coderloo_probe)
 
     def coderloo_receive_adapter(self, plan: BucketPlan, request, previous_id: int | None) -> None:
         from safetensors.torch import save_file
 
-        receiver = Receiver(self.coderloo_group, plan, "cpu")
-        tensors = {name: t.clone() for name, t in receiver.tensors()}
-        directory = Path(request.lora_path)
-        try:
-            save_file(tensors, str(directory / "adapter_model.safetensors"))
-            (directory / "adapter_config.json").write_text(json.dumps(plan.adapter))
-            self.add_lora(request)  # vLLM's loader: checks the config against the engine, packs q/k/v
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-        receiver.finish(lambda names: self.coderloo_adapter_probe(request.lora_int_id))
+        with Receiver(self.coderloo_group, plan, "cpu") as receiver:
+            tensors = {name: t.clone() for name, t in receiver.tensors()}
+            directory = Path(request.lora_path)
+            try:
+                save_file(tensors, str(directory / "adapter_model.safetensors"))
+                (directory / "adapter_config.json").write_text(json.dumps(plan.adapter))
+                self.add_lora(request)  # vLLM's loader: checks the config against the engine, packs q/k/v
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            receiver.finish(lambda names: self.coderloo_adapter_probe(request.lora_int_id))
         if previous_id is not None:
             self.remove_lora(previous_id)
 
@@ -174,7 +176,7 @@ class WeightSyncExtension:
         for weights in adapter.loras.values():
             for a in weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]:
                 if a is not None:
-                    total += float(a.double().sum())
+                    total += float64_sum(a)
         return {ADAPTER_PROBE: total}
 
     def coderloo_reseed(self, seed: int) -> None:
@@ -185,4 +187,4 @@ class WeightSyncExtension:
     def coderloo_probe(self, names: list[str]) -> dict[str, float]:
         """Sums of named parameters as the engine holds them (names it does not repack)."""
         params = dict(self.model_runner.model.named_parameters())
-        return {n: float(params[n].detach().double().sum()) for n in names if n in params}
+        return {n: float64_sum(params[n]) for n in names if n in params}

@@ -38,6 +38,7 @@ class RolloutWorker:
             self.backend = TransformersBackend(model_path, seed=seed)
         else:
             raise ValueError(f"unknown rollout backend {backend!r}: expected 'vllm' or 'transformers'")
+        self.backend_name = backend
         self.version = 0
 
     def generate_stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None, min_version: int = 0):
@@ -54,9 +55,16 @@ class RolloutWorker:
             self.backend.reseed(seed)
         yield from self.backend.generate_stream(prompts, params, self.version)
 
-    def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        """Join the learner's broadcast group as `rank` (blocks until every rank has joined)."""
-        self.backend.join_weight_group(backend, host, port, rank, world_size, timeout_s)
+    def join_weight_group(self, transport: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """Join the learner's weight-sync group as `rank` (blocks until every rank has joined).
+        `transport` "auto" or "shm": the vLLM engine receives through shared memory when this
+        worker is on the learner's Ray node (common/weight_sync.py); the transformers engine, a
+        reference for tests, always by gloo."""
+        if self.backend_name == "transformers":
+            self.backend.join_weight_group("gloo" if transport == "auto" else transport, host, port, rank, world_size, timeout_s)
+            return
+        node_id = ray.get_runtime_context().get_node_id()
+        self.backend.join_weight_group(transport, host, port, rank, world_size, timeout_s, node_id)
 
     def receive_weights(self, plan: BucketPlan, version: int | None) -> int:
         """Receive one push from the group, check it arrived whole, then take on `version`
