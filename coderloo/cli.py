@@ -1,4 +1,4 @@
-"""The `coderloo` command: train, eval, report, tasks."""
+"""The `coderloo` command: train, eval, plan, report, tasks."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from coderloo.cluster_files import ClusterFileError
 from coderloo.config import ConfigError, load_config
 from coderloo.console import RunConsole
 from coderloo.metrics import MetricsFileError, plot_training
+from coderloo.plan import PlanError
 from coderloo.report import write_report
 from coderloo.rundir import RunDirError, claim_report
 from coderloo.runtime import apply_env_defaults
@@ -167,6 +169,21 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from coderloo.plan import header, plan_from_files, table, write_header
+
+    plan = plan_from_files(_config(args), args.cluster)
+    if args.write_header:
+        if args.config is None or args.overrides:
+            raise ConfigError("--write-header writes the plan of a config file as it is: give --config and no overrides")
+        command = f"coderloo plan --config {args.config}" + (f" --cluster {args.cluster}" if args.cluster else "") + " --write-header"
+        write_header(args.config, header(plan, command))
+    print(table(plan))
+    for problem in plan.problems:
+        print(f"coderloo plan: {problem}", file=sys.stderr)
+    return 0 if plan.fits else 2
+
+
 def cmd_tasks(args) -> int:
     from coderloo.tasksets.synthetic import synthetic_suite
     from reward_service.tasks import save_jsonl
@@ -224,13 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="rebuild a run's report.html and training.png from its metrics.jsonl and samples.jsonl")
     p.add_argument("run_dir", help="the run directory (train.output_dir)")
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("plan", help="where each actor goes and what its memory holds; refuses a config that cannot fit")
+    p.add_argument("--config", default=None, help="YAML config (default: the embedded defaults)")
+    p.add_argument("--cluster", default=None, help="a cluster file (cluster.yaml) to place the actors on (default: this machine)")
+    p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. learner.zero_stage=3")
+    p.add_argument("--write-header", action="store_true", help="also write the plan into the config file, as its header's comments")
+    p.set_defaults(fn=cmd_plan)
     p = sub.add_parser("tasks", help="write the synthetic suite as JSONL files")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_tasks)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError) as e:
+    except (ConfigError, ClusterFileError, PlanError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError) as e:
         print(f"coderloo: {e}", file=sys.stderr)
         return 2
 
