@@ -270,6 +270,17 @@ def _kv_space_bytes() -> float:
         raise PlanError(f"VLLM_CPU_KVCACHE_SPACE={raw!r}: not a number of GiB") from None
 
 
+def _push_bytes(config, arch: Architecture) -> float:
+    """What a CPU engine holds of a weight push while it loads it: over shared memory (the same
+    node: transport auto or shm) the whole push's file is mapped, the weights as the learner sends
+    them, a tied head under both its names (the scale run's pushes: 1,260 MB for 494M parameters in
+    bf16); over gloo, one bucket."""
+    sync = config.rollout.weight_sync
+    if sync.transport == "gloo":
+        return float(sync.bucket_bytes)
+    return float((arch.parameters() + (arch.vocab * arch.hidden if arch.tied else 0)) * DTYPE_BYTES[config.learner.dtype])
+
+
 def _rollout(config, arch: Architecture, node: Node | None) -> tuple[dict[str, float], list[str], list[str]]:
     """One rollout worker's memory (host for a CPU engine, its GPU's for a GPU one), notes and problems."""
     rollout = config.rollout
@@ -290,7 +301,7 @@ def _rollout(config, arch: Architecture, node: Node | None) -> tuple[dict[str, f
         source = f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} x {node.gpu_bytes / GiB:.1f} GiB - weights"
     else:
         kv = _kv_space_bytes()
-        parts = {"weights": weights, "KV cache": kv, "runtime": VLLM_CPU_PROCESS_BYTES}
+        parts = {"weights": weights, "KV cache": kv, "runtime": VLLM_CPU_PROCESS_BYTES, "weight push": _push_bytes(config, arch)}
         field_hint = "raise VLLM_CPU_KVCACHE_SPACE or lower rollout.max_model_len"
         source = f"VLLM_CPU_KVCACHE_SPACE={kv / GiB:g} GiB"
     holds = int(kv // per_token)
