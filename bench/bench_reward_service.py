@@ -1,103 +1,131 @@
-"""Reward service throughput: batches of 64 completions through a DeploymentHandle and over HTTP
-(127.0.0.1), side by side, against one running Serve app.
+"""Reward service throughput against the sandbox it runs on, side by side in one run: the same
+programs scored through the trainer's path and run on the process backend directly.
 
     python -m bench.bench_reward_service
 
-Each batch is one request of 64 completions of synthetic tasks (a third of them wrong); the two
-paths score the same batches, one request at a time, and must agree on every reward. The
-difference is what HTTP and JSON cost on top of the scoring.
-Requests name their tasks by id: the service reads them from a task file of the synthetic
-train split.
+Each round is a training step's scoring: PROMPTS synthetic tasks, SAMPLES completions each (every
+third one wrong; each distinct, so none is deduplicated), sent as the trainer sends them
+(`RewardClient.submit`, one request per prompt, all in flight, then `collect`), and the very same
+programs, as the scorer builds them, run on warm fork servers (`ForkServer.execute`, CONCURRENCY
+at a time, as bench/bench_sandbox.py drives it), as many as the service's pool has executors, each
+running as many at a time as an executor (EXECUTORS x CONCURRENCY_PER_EXECUTOR): the same
+sandboxes, without Ray, Serve or scoring. The rounds alternate between the paths
+(bench.plots.alternating) and medians are reported; every path must agree on every outcome.
+A third path sends the same requests over HTTP (127.0.0.1), as many in flight: what HTTP and
+JSON cost on top.
 """
 from __future__ import annotations
 
-import socket
-import statistics
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from bench.plots import comparison
+from bench.bench_sandbox import CONCURRENCY, run_async
+from bench.plots import alternating, comparison, medians
 
-BATCH = 64
-ROUNDS = 10
-
-
-def batches():
-    from coderloo.tasksets.synthetic import synthetic_suite
-    from reward_service.schemas import RewardItem, RewardRequest
-
-    tasks = synthetic_suite()["train"]
-    out = []
-    for r in range(ROUNDS):
-        items = []
-        for i in range(BATCH):
-            task = tasks[(r * BATCH + i) % len(tasks)]
-            right = task.reference[len(task.prompt):] if task.prompt_is_code else task.reference
-            items.append(RewardItem(task_id=task.id, completion=right if i % 3 else "    return None\n"))
-        out.append(RewardRequest(items=items))
-    return out
+PROMPTS = 32
+SAMPLES = 8
+ROUNDS = 5
+EXECUTORS = 2
+CONCURRENCY_PER_EXECUTOR = CONCURRENCY // EXECUTORS
+BACKEND = "process backend, direct"
+HANDLE = "reward service, DeploymentHandle"
+HTTP = "reward service, HTTP (127.0.0.1)"
 
 
-def timed(call, requests_) -> tuple[list[float], list]:
-    latencies, answers = [], []
-    for request in requests_:
-        start = time.perf_counter()
-        answers.append(call(request))
-        latencies.append(time.perf_counter() - start)
-    return latencies, answers
-
-
-def report(name: str, latencies: list[float]) -> float:
-    """Print one path's line; its completions/s."""
-    q = statistics.quantiles(latencies, n=100, method="inclusive")
-    rate = BATCH * len(latencies) / sum(latencies)
-    print(f"  {name:<18} {rate:8.1f} completions/s  {len(latencies) / sum(latencies):6.2f} requests/s"
-          f"  p50 {q[49] * 1000:7.1f} ms  p99 {q[98] * 1000:7.1f} ms")
-    return rate
+def workload(tasks, round_: int) -> tuple[list, list[list[str]]]:
+    """A round's PROMPTS tasks and SAMPLES completions of each: the reference's code, or a wrong
+    body for every third; a comment numbers each sample so that no two programs are the same."""
+    chosen = [tasks[(round_ * PROMPTS + p) % len(tasks)] for p in range(PROMPTS)]
+    completions = []
+    for task in chosen:
+        right = task.reference[len(task.prompt):] if task.prompt_is_code else task.reference
+        completions.append([("    return None\n" if s % 3 == 0 else right) + f"# sample {s}\n" for s in range(SAMPLES)])
+    return chosen, completions
 
 
 def main() -> list[dict]:
-    from ray import serve
-
-    import tempfile
-
     from coderloo.runtime import init_ray
     from coderloo.tasksets.synthetic import synthetic_suite
-    from reward_service.app import build_app
+    from common.placement import free_port
+    from reward_service.client import APP_NAME, RewardClient
     from reward_service.config import ServiceConfig
-    from reward_service.schemas import RewardResponse
-    from reward_service.tasks import save_jsonl
-    from sandbox_pool import PoolSettings
+    from reward_service.schemas import RewardItem, RewardRequest, RewardResponse
+    from reward_service.scorer import analyse
+    from sandbox_pool import ForkServer, PoolSettings
 
-    task_file = f"{tempfile.mkdtemp(prefix='bench-rewards-')}/train.jsonl"
-    save_jsonl(synthetic_suite()["train"], task_file)
+    tasks = synthetic_suite()["train"]
+    rounds = [workload(tasks, r) for r in range(ROUNDS)]
+    config = ServiceConfig(pool=PoolSettings(min_executors=EXECUTORS, initial_executors=EXECUTORS, max_executors=EXECUTORS,
+                                             concurrency_per_executor=CONCURRENCY_PER_EXECUTOR))
+    # The programs the scorer builds of each completion, as the pool receives them.
+    executions = [[t.execution_request(analyse(t, c).program, config.limits) for t, cs in zip(*w) for c in cs] for w in rounds]
+    count = PROMPTS * SAMPLES
     init_ray()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = free_port()
+    client = RewardClient(config, http_port=port)
+    servers = {ForkServer(): 0 for _ in range(EXECUTORS)}  # each with its runs in flight
+
+    async def on_a_server(request):
+        server = min(servers, key=servers.get)  # as the pool's dispatcher spreads them
+        servers[server] += 1
+        try:
+            return await server.execute(request)
+        finally:
+            servers[server] -= 1
+    url = f"http://127.0.0.1:{port}/{APP_NAME}/v1/rewards"
+    http = requests.Session()
+    outcomes: dict[str, list[list[bool]]] = {BACKEND: [], HANDLE: [], HTTP: []}
+
+    def by_backend(r: int) -> dict:
+        seconds, passed = asyncio.run(run_async(on_a_server, executions[r]))
+        outcomes[BACKEND].append(passed)
+        return {"programs_s": count / seconds}
+
+    def by_handle(r: int) -> dict:
+        start = time.perf_counter()
+        rewards = client.collect([p for t, cs in zip(*rounds[r]) for p in client.submit([t] * len(cs), cs)])
+        seconds = time.perf_counter() - start
+        outcomes[HANDLE].append([x.passed for x in rewards])
+        return {"programs_s": count / seconds}
+
+    def post(request: RewardRequest) -> list:
+        answer = http.post(url, data=request.model_dump_json(exclude_none=True), timeout=120,
+                           headers={"content-type": "application/json"})
+        answer.raise_for_status()
+        return RewardResponse.model_validate_json(answer.content).items
+
+    def by_http(r: int) -> dict:
+        bodies = [RewardRequest(items=[RewardItem(task=t, completion=c) for c in cs]) for t, cs in zip(*rounds[r])]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(PROMPTS) as threads:
+            rewards = [x for items in threads.map(post, bodies) for x in items]
+        seconds = time.perf_counter() - start
+        outcomes[HTTP].append([x.passed for x in rewards])
+        return {"programs_s": count / seconds}
+
     try:
-        handle = serve.run(build_app(ServiceConfig(pool=PoolSettings(initial_executors=2), task_files=[task_file])), name="rewards-bench", route_prefix="/")
-        work = batches()
-        handle.score.remote(work[0]).result()  # warm: the pool's fork servers start on first use
-        url = f"http://127.0.0.1:{port}/v1/rewards"
-
-        def over_http(request):
-            r = requests.post(url, data=request.model_dump_json(exclude_none=True), timeout=120,
-                              headers={"content-type": "application/json"})
-            r.raise_for_status()
-            return RewardResponse.model_validate_json(r.content)
-
-        handle_s, by_handle = timed(lambda request: handle.score.remote(request).result(), work)
-        http_s, by_http = timed(over_http, work)
-        print(f"reward service, {ROUNDS} requests of {BATCH} completions each, one request at a time")
-        rates = {name: report(name, seconds) for name, seconds in (("DeploymentHandle", handle_s), ("HTTP (127.0.0.1)", http_s))}
-        if [a.total for r in by_handle for a in r.items] != [a.total for r in by_http for a in r.items]:
-            raise SystemExit("the handle and HTTP paths disagree on rewards")
+        # warm: the fork servers (the pool's and ours) start on first use
+        client.score(rounds[0][0][:1], rounds[0][1][0][:1])
+        for server in servers:
+            asyncio.run(server.execute(executions[0][0]))
+        runs = medians(alternating(ROUNDS, {BACKEND: by_backend, HANDLE: by_handle, HTTP: by_http}))
     finally:
-        serve.shutdown()
-    return [comparison(f"reward service, requests of {BATCH} completions", "completions/s", "DeploymentHandle", rates)]
+        for server in servers:
+            server.close()
+        client.close()
+    if outcomes[HANDLE] != outcomes[BACKEND] or outcomes[HTTP] != outcomes[BACKEND]:
+        raise SystemExit("the reward service and the process backend disagree on which programs pass")
+    rates = {name: r["programs_s"] for name, r in runs.items()}
+    print(f"reward service against its sandbox: programs/s, {ROUNDS} rounds of {PROMPTS} requests of {SAMPLES} completions "
+          f"({count} programs, all in flight), median; {EXECUTORS} fork servers x {CONCURRENCY_PER_EXECUTOR} at a "
+          f"time, directly or as the service's pool")
+    for name, rate in rates.items():
+        print(f"  {name:34s} {rate:8.1f} programs/s   x{rate / rates[BACKEND]:.2f} of the process backend")
+    return [comparison(f"reward service vs its sandbox: programs/s ({PROMPTS} requests of {SAMPLES} in flight)",
+                       "programs/s", HANDLE, rates)]
 
 
 if __name__ == "__main__":

@@ -39,7 +39,11 @@ class ServiceConfig(Section):
     health_check_timeout_s: float = Field(
         30.0, gt=0, description="A replica that does not answer its health check in this time is replaced.")
     max_ongoing_requests: int = Field(
-        5, ge=1, description="Requests one replica works on at once (Serve's default); the rest wait in their caller's queue.")
+        64, ge=1, description="Requests one replica takes at once (its scoring threads, as many as its thread pool has, "
+        "work through them; their programs wait in its sandbox pool's queue); the rest wait in their caller's queue. "
+        "At least a training step's requests (one per prompt): a caller's Serve router sends a waiting request again "
+        "and again to a full replica, which refuses it, each time a Ray call on both sides (at Serve's default of 5 "
+        "the trainer's 32 requests drew 4.4 refusals each, and the service scored at 0.5x of its sandbox's speed).")
     max_queued_requests: int = Field(
         256, ge=1, description="Requests each caller (the HTTP proxy; each handle, e.g. the trainer's) holds waiting for a "
         "replica; more are refused: HTTP 503 with Retry-After, a handle's BackPressureError (RewardClient waits and sends "

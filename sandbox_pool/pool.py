@@ -12,23 +12,28 @@ CPU nodes) hold them, and when none has room left the autoscaler adds such a nod
 cluster offers it too (coderloo.runtime.init_ray). Executors are named `coderloo-sandbox-<pool>-<n>`.
 
 The dispatcher (an async actor, one per pool, owned by the process that made the pool) holds the
-queue. Each ObjectRef that `submit` returns is the dispatcher's answer for one request, so a
-result is delivered once, whatever happens behind it: when an executor dies, or stops answering
-(its call gets no answer within the run's limit plus a margin: it is killed), its in-flight
-requests go back to the front of the queue and run on another executor; so does a request whose
-executor answered `infra_error` (its sandbox failed, not the program). This is the one retry of
-a sandbox failure: up to `MAX_ATTEMPTS` runs; after that, and for any other failure of the
-machinery, the result is an `infra_error`, which callers refuse, and never score as a failed
-program.
+queue. Ray calls are batched, since one costs about as much CPU as a small program's run: a
+caller's requests reach it in one call; it hands each executor as many runs as the executor has
+slots and as many again, which wait there behind its busy slots, and an executor answers with its
+ended runs' results once none waits, several per call (`SandboxExecutor.run`). Each ObjectRef that
+`submit` returns is the dispatcher's answer for one request, so a result is delivered once,
+whatever happens behind it: when an executor dies, or stops answering (it holds a run that should
+have ended, with its wait for a slot, its limit and the backend's margin, CALL_MARGIN_S ago: it is
+killed), the requests it held, running or waiting, go back to the front of the queue and run on
+another executor; so does a request whose executor answered `infra_error` (its sandbox failed,
+not the program). This is the one retry of a sandbox failure: up to `MAX_ATTEMPTS` runs; after
+that, and for any other failure of the machinery, the result is an `infra_error`, which callers
+refuse, and never score as a failed program.
 
-Scaling: when the requests queued and running exceed what the executors (started or starting)
-can run at once, executors are added, up to `max_executors`; an executor with nothing to do for
-`idle_s` is removed, down to `min_executors`.
+Scaling: when the requests queued (here or at an executor) and running exceed what the executors
+(started or starting) can run at once, executors are added, up to `max_executors`; an executor
+with nothing to do for `idle_s` is removed, down to `min_executors`.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
 import time
 import uuid
@@ -46,6 +51,9 @@ RESOURCE = "sandbox"
 MAX_ATTEMPTS = 3  # runs of one request whose executor died or whose sandbox failed, before it is an infra_error
 RETRY_START_S = (1.0, 30.0)  # after a failed start, wait this long (doubling per failure, up to the second) to try again
 CALL_MARGIN_S = 30.0  # past a run's own limit and the backend's margin: the executor is stuck
+# Runs an executor holds per slot: one in it and one waiting for it, so that its slots never wait for
+# a round trip to the dispatcher and its results come back about `concurrency_per_executor` per call.
+HELD_PER_SLOT = 2
 TICK_S = 1.0
 RETIRE_S = 30.0  # an idle executor's close() may take this long before its actor is ended
 HEALTH_CHECK = ExecutionRequest(program="def ok():\n    return 1\n", tests=["assert ok() == 1"])
@@ -78,7 +86,12 @@ class PoolSettings(BaseModel):
 
 @ray.remote
 class SandboxExecutor:
-    """Runs requests on its node with one backend, at most `concurrency` at a time."""
+    """Runs requests on its node with one backend, at most `concurrency` at a time; the ones it
+    holds past that wait for a slot, in the order they came.
+
+    The dispatcher hands it runs and takes their results through `run`, many per Ray call: one
+    call per program cost as much CPU as the program itself on a small machine (bench/results.md,
+    reward_service)."""
 
     def __init__(self, backend: str, concurrency: int):
         if backend == "docker":
@@ -87,7 +100,9 @@ class SandboxExecutor:
             self._backend = DockerBackend(containers=concurrency)  # DockerUnavailable fails the start, with the reason
         else:
             self._backend = ForkServer()
+        self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
+        self._runs: dict[int, asyncio.Task] = {}  # by the dispatcher's key: started, result not yet handed back
 
     async def ready(self) -> dict:
         """Run one small program: an executor whose sandbox does not work on its node never gets requests."""
@@ -100,6 +115,32 @@ class SandboxExecutor:
         async with self._slots:
             return await self._backend.execute(request)
 
+    async def run(self, requests: dict[int, ExecutionRequest]) -> dict[int, ExecutionResult]:
+        """Start `requests` (by key; those past the free slots wait for one), then answer with the
+        results of every run that has ended and whose result no call has handed back yet, once at
+        least one has and no run waits for a slot; at once with none when it holds no run. The
+        results of the runs that ended while others waited come back together, in one call, while
+        its slots run the rest; a run that takes long holds back no result for longer than its
+        waiting runs take to get a slot (nothing waits behind it for long: the dispatcher hands an
+        executor no more than HELD_PER_SLOT runs per slot, ended ones included). Calls that overlap
+        never hand back one result twice."""
+        for key, request in requests.items():
+            self._runs[key] = asyncio.ensure_future(self._answered(request))
+        while self._runs:
+            ended = [key for key, run in self._runs.items() if run.done()]
+            if ended and len(self._runs) - len(ended) <= self._concurrency:
+                return {key: self._runs.pop(key).result() for key in ended}
+            await asyncio.wait([run for run in self._runs.values() if not run.done()], return_when=asyncio.FIRST_COMPLETED)
+        return {}
+
+    async def _answered(self, request: ExecutionRequest) -> ExecutionResult:
+        """A backend answers every run with a result; should one raise all the same, the run is a sandbox failure."""
+        try:
+            return await self.execute(request)
+        except Exception as e:
+            return ExecutionResult.build(len(request.tests), Status.infra_error,
+                                         f"sandbox executor failed: {type(e).__name__}: {e}")
+
     def close(self) -> None:
         self._backend.close()
 
@@ -110,6 +151,7 @@ class _Job:
     future: asyncio.Future
     attempts: int = 0
     lost_on: list[str] = field(default_factory=list)  # executors that died under it
+    ends_by: float = 0.0  # (monotonic) when its executor's backend must have answered its run, with its wait for a slot
 
 
 @dataclass(eq=False)
@@ -117,7 +159,8 @@ class _Executor:
     name: str
     handle: ray.actor.ActorHandle
     ready: bool = False
-    running: set = field(default_factory=set)
+    running: dict[int, _Job] = field(default_factory=dict)  # by key (SandboxExecutor.run): in its slots or waiting there
+    calls: int = 0  # its `run` calls in flight
     idle_since: float = field(default_factory=time.monotonic)
 
 
@@ -132,6 +175,7 @@ class PoolDispatcher:
         self.queue: collections.deque[_Job] = collections.deque()
         self.executors: dict[str, _Executor] = {}
         self.numbered = 0
+        self.keys = itertools.count()  # of runs handed to executors
         self.start_failures = 0  # in a row
         self.retry_start_at = 0.0
         self.counts = dict.fromkeys(["delivered", "reruns", "executors_started", "executors_lost", "executors_removed"], 0)
@@ -147,22 +191,26 @@ class PoolDispatcher:
         for _ in range((self.settings.min_executors if initial is None else initial) - len(self.executors)):
             self._start_executor()
 
-    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+    async def execute(self, requests: list[ExecutionRequest]) -> ExecutionResult | tuple[ExecutionResult, ...]:
+        """Run `requests`; one return value per request, in order (the caller asks for as many:
+        `SandboxPool.submit`). One Ray call for all of a caller's requests, not one each."""
         self._tick_in_background()
-        job = _Job(request, asyncio.get_running_loop().create_future())
-        self.queue.append(job)
+        loop = asyncio.get_running_loop()
+        jobs = [_Job(request, loop.create_future()) for request in requests]
+        self.queue.extend(jobs)
         self._dispatch()
         self._scale()
-        result = await job.future
-        self.counts["delivered"] += 1
-        return result
+        results = await asyncio.gather(*(job.future for job in jobs))
+        self.counts["delivered"] += len(results)
+        return results[0] if len(results) == 1 else tuple(results)
 
     async def stats(self) -> dict:
+        running = self._in_slots()
         return {
             "executors": sorted(self.executors),
             "ready": sorted(name for name, e in self.executors.items() if e.ready),
-            "queued": len(self.queue),
-            "running": sum(len(e.running) for e in self.executors.values()),
+            "queued": self._unfinished() - running,  # here, or at an executor behind its busy slots
+            "running": running,
             **self.counts,
         }
 
@@ -226,55 +274,78 @@ class PoolDispatcher:
         if self.executors.pop(executor.name, None) is not None:
             ray.kill(executor.handle)
 
-    def _lost(self, executor: _Executor) -> None:
+    def _lost(self, executor: _Executor, why: str) -> None:
+        """The executor died, is stuck, or a call to it failed: the runs it had go to another, first
+        in line (they have waited longest), up to MAX_ATTEMPTS runs each."""
         if executor.name in self.executors:
             self.counts["executors_lost"] += 1
         self._drop(executor)
+        jobs, executor.running = list(executor.running.values()), {}
+        for job in reversed(jobs):
+            job.lost_on.append(f"{executor.name} {why}")
+            if job.attempts >= MAX_ATTEMPTS:
+                self._fail(job, f"the request ran {job.attempts} times on executors that failed: " + "; ".join(job.lost_on))
+            else:
+                self.counts["reruns"] += 1
+                self.queue.appendleft(job)
 
     # ---- requests ----
 
     def _dispatch(self) -> None:
+        """Hand the executors runs from the queue, up to HELD_PER_SLOT per slot, spreading them (free
+        slots first), with one call per executor."""
         ready = [e for e in self.executors.values() if e.ready]
+        concurrency = self.settings.concurrency_per_executor
+        handed: dict[_Executor, dict[int, ExecutionRequest]] = {}
         while self.queue and ready:
             executor = min(ready, key=lambda e: len(e.running))
-            if len(executor.running) >= self.settings.concurrency_per_executor:
-                return
+            if len(executor.running) >= HELD_PER_SLOT * concurrency:
+                break
             job = self.queue.popleft()
             if job.future.done():  # its caller went away
                 continue
-            executor.running.add(job)
-            asyncio.ensure_future(self._run(job, executor))
+            job.attempts += 1
+            # One that waits for a slot gets one by the time the runs in the slots now have all ended
+            # (it waits behind fewer runs than there are slots).
+            wait = max(_answer_within(j) for j in executor.running.values()) if len(executor.running) >= concurrency else 0.0
+            job.ends_by = time.monotonic() + wait + _answer_within(job)
+            key = next(self.keys)
+            executor.running[key] = job
+            handed.setdefault(executor, {})[key] = job.request
+        for executor, requests in handed.items():
+            self._call(executor, requests)
 
-    async def _run(self, job: _Job, executor: _Executor) -> None:
-        job.attempts += 1
-        limit = job.request.limits.wall_timeout_s + ANSWER_MARGIN_S + CALL_MARGIN_S
-        ref = executor.handle.execute.remote(job.request)
+    def _call(self, executor: _Executor, requests: dict[int, ExecutionRequest]) -> None:
+        executor.calls += 1
+        asyncio.ensure_future(self._run(executor, requests))
+
+    async def _run(self, executor: _Executor, requests: dict[int, ExecutionRequest]) -> None:
+        """Hand `requests` to the executor and take the results it answers with (SandboxExecutor.run).
+        While it has runs, at least one such call is in flight, so every result comes back. One
+        that stops answering is found by the ticker (`_find_stuck`), which kills it: its calls fail."""
         try:
-            result = await asyncio.wait_for(ref, limit)
-            if result.status == Status.infra_error and job.attempts < MAX_ATTEMPTS:
-                # the sandbox failed (not the program): the one retry of a sandbox failure is here
-                job.lost_on.append(f"{executor.name}: {result.detail}")
-                self.counts["reruns"] += 1
-                self.queue.appendleft(job)
-            else:
-                self._finish(job, result)
-        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as e:
-            why = "did not answer in time" if isinstance(e, asyncio.TimeoutError) else "died"
-            job.lost_on.append(f"{executor.name} {why}")
-            self._lost(executor)
-            if job.attempts >= MAX_ATTEMPTS:
-                self._fail(job, f"the request ran {job.attempts} times on executors that failed: "
-                           + "; ".join(job.lost_on))
-            else:
-                self.counts["reruns"] += 1
-                self.queue.appendleft(job)  # first in line: it has waited longest
-        except Exception as e:  # the executor's own failure, not the program's
-            self._fail(job, f"sandbox executor {executor.name} failed: {_cause(e)}")
-        finally:
-            executor.running.discard(job)
+            results = await executor.handle.run.remote(requests)
+        except Exception as e:
+            self._lost(executor, "died" if isinstance(e, ray.exceptions.RayActorError) else f"failed: {_cause(e)}")
+        else:
+            for key, result in results.items():
+                job = executor.running.pop(key, None)
+                if job is None:  # the executor was lost meanwhile (its runs went to others)
+                    continue
+                if result.status == Status.infra_error and job.attempts < MAX_ATTEMPTS:
+                    # the sandbox failed (not the program): the one retry of a sandbox failure is here
+                    job.lost_on.append(f"{executor.name}: {result.detail}")
+                    self.counts["reruns"] += 1
+                    self.queue.appendleft(job)
+                else:
+                    self._finish(job, result)
             if not executor.running:
                 executor.idle_since = time.monotonic()
+        finally:
+            executor.calls -= 1
         self._dispatch()
+        if executor.running and not executor.calls:  # its runs' results are yet to come, with no new runs
+            self._call(executor, {})
         self._scale()
 
     def _finish(self, job: _Job, result: ExecutionResult) -> None:
@@ -287,11 +358,29 @@ class PoolDispatcher:
 
     # ---- scaling ----
 
+    def _find_stuck(self) -> None:
+        """An executor that holds a run its backend should have answered CALL_MARGIN_S ago is stuck
+        (a run that ended comes back once no run waits: by the latest `ends_by` of those it holds)."""
+        now = time.monotonic()
+        for executor in list(self.executors.values()):
+            if executor.running and now > max(job.ends_by for job in executor.running.values()) + CALL_MARGIN_S:
+                self._lost(executor, "did not answer in time")
+                self._dispatch()
+
+    def _unfinished(self) -> int:
+        """Requests queued here or held by an executor (in its slots or waiting there)."""
+        return len(self.queue) + sum(len(e.running) for e in self.executors.values())
+
+    def _in_slots(self, executors: list[_Executor] | None = None) -> int:
+        """Runs in the executors' slots (or ended, their results on the way back)."""
+        concurrency = self.settings.concurrency_per_executor
+        return sum(min(len(e.running), concurrency) for e in (self.executors.values() if executors is None else executors))
+
     def _scale(self) -> None:
         if self.closed:
             return
         s = self.settings
-        demand = len(self.queue) + sum(len(e.running) for e in self.executors.values())
+        demand = self._unfinished()
         wanted = max(s.min_executors, math.ceil(demand / s.concurrency_per_executor))
         if time.monotonic() >= self.retry_start_at:
             for _ in range(min(wanted, s.max_executors) - len(self.executors)):
@@ -324,6 +413,7 @@ class PoolDispatcher:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
+            self._find_stuck()
             self._scale()
             self._publish()
 
@@ -331,8 +421,9 @@ class PoolDispatcher:
         """The queue and the executors, on Ray's metrics endpoint (see coderloo.metrics)."""
         tags = {"pool": self.pool_id}
         ready = [e for e in self.executors.values() if e.ready]
-        self.gauges["queue_depth"].set(len(self.queue), tags=tags)
-        self.gauges["running"].set(sum(len(e.running) for e in ready), tags=tags)
+        running = self._in_slots(ready)
+        self.gauges["queue_depth"].set(self._unfinished() - running, tags=tags)
+        self.gauges["running"].set(running, tags=tags)
         self.gauges["busy_executors"].set(sum(1 for e in ready if e.running), tags=tags)
         self.gauges["executors"].set(len(ready), tags={**tags, "state": "ready"})
         self.gauges["executors"].set(len(self.executors) - len(ready), tags={**tags, "state": "starting"})
@@ -349,8 +440,11 @@ class SandboxPool:
         self._dispatcher.started.remote()  # a caller's calls reach an actor in order: before any request
 
     def submit(self, requests: list[ExecutionRequest]) -> list[ray.ObjectRef]:
-        """Queue every request; one ObjectRef of an ExecutionResult per request, in order."""
-        return [self._dispatcher.execute.remote(request) for request in requests]
+        """Queue every request; one ObjectRef of an ExecutionResult per request, in order (all in one Ray call)."""
+        if not requests:
+            return []
+        refs = self._dispatcher.execute.options(num_returns=len(requests)).remote(requests)
+        return [refs] if len(requests) == 1 else list(refs)
 
     def run(self, requests: list[ExecutionRequest]) -> list[ExecutionResult]:
         """Execute and wait; results in request order."""
@@ -378,6 +472,11 @@ def _pool_gauges() -> dict:
         "busy_executors": gauge("busy_executors", "Executors running at least one program."),
         "executors": gauge("executors", "Executors, by state (ready, starting).", "state"),
     }
+
+
+def _answer_within(job: _Job) -> float:
+    """Seconds a backend takes at most to answer a run of `job` that it has started."""
+    return job.request.limits.wall_timeout_s + ANSWER_MARGIN_S
 
 
 def _cause(error: Exception) -> str:

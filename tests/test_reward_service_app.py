@@ -154,7 +154,7 @@ def test_autoscaling_options_from_config():
         "autoscaling_config": {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 3.0},
         "ray_actor_options": {"num_cpus": 1.0},
         "health_check_period_s": 10.0, "health_check_timeout_s": 5.0,
-        "max_ongoing_requests": 5, "max_queued_requests": 16,
+        "max_ongoing_requests": 64, "max_queued_requests": 16,
     }
     with pytest.raises(ValidationError, match="max_replicas"):
         AutoscalingSettings(min_replicas=3, max_replicas=2)
