@@ -46,6 +46,8 @@ class TinyModelSpec(BaseModel):
         description="Embedding rows when more than the tokenizer's tokens (real models pad their vocabulary: "
         "Qwen2.5's 151,936), for a model of a real shape; None: the tokenizer's size.",
     )
+    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base (Qwen2.5's: 1,000,000).")
+    rms_norm_eps: float = Field(default=1e-6, gt=0, description="RMSNorm epsilon (Qwen2.5's: 1e-6).")
     seed: int = Field(default=0, description="Seed of the random initialisation.")
     chat: bool = Field(
         default=False,
@@ -109,7 +111,8 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str], spec: TinyModel
         bos_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        rope_theta=10000.0,
+        rope_theta=spec.rope_theta,
+        rms_norm_eps=spec.rms_norm_eps,
         torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)

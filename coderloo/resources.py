@@ -12,6 +12,10 @@ label, so its series continues. Keys are flat, as a metrics line holds them:
   on their own (a sandbox executor's fork server and supervisors count with the executor, an idle
   Ray worker with the raylet), so every process on the node that belongs to the run is counted
   once. RSS counts pages shared between forks in each of them.
+- `peak_rss_mb/<label>`: the kernel's high-water mark of resident memory (VmHWM) of the process,
+  plus its unsampled descendants' (a vLLM rollout worker's engine process): the peak since it
+  started, however short, which a sample of `rss_mb` between steps misses (the sum of the tree's
+  peaks bounds its peak together).
 - `fds/<label>`: open file descriptors of the process itself.
 - `children/<label>`: those descendants, counted.
 
@@ -122,6 +126,7 @@ class ResourceSampler:
                 continue  # ended since the actor table was read
             tree = [pid, *_descendants(pid, children, root_pids)]
             values[f"rss_mb/{label}"] = sum(_rss(table[p]) for p in tree) / MB
+            values[f"peak_rss_mb/{label}"] = sum(_peak_rss(p) for p in tree) / MB
             values[f"fds/{label}"] = float(_fds(table[pid]))
             values[f"children/{label}"] = float(len(tree) - 1)
         values["dev_shm_mb"] = shutil.disk_usage("/dev/shm").used / MB
@@ -161,6 +166,16 @@ def _descendants(pid: int, children: dict[int, list[int]], stop: set[int]) -> li
 def _rss(p: psutil.Process) -> int:
     memory = p.info["memory_info"]
     return memory.rss if memory is not None else 0  # None: a process we may not read
+
+
+def _peak_rss(pid: int) -> int:
+    """VmHWM of /proc/PID/status, in bytes; 0 for a process gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next((line for line in f if line.startswith("VmHWM:")), None)
+    except OSError:
+        return 0
+    return int(line.split()[1]) * 1024 if line else 0
 
 
 def _fds(p: psutil.Process) -> int:
