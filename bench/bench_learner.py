@@ -1,5 +1,6 @@
-"""Learner throughput: tokens per second of RL steps, sequences packed end to end against one a
-row padded (learner.pack_sequences), and with one and with two data-parallel ranks.
+"""Learner throughput: tokens per second of RL steps, sequences packed end to end (in rows as wide
+as the longest, and each micro-batch in one row: learner.pack_row_tokens) against one a row padded
+(learner.pack_sequences), and with one and with two data-parallel ranks.
 
     python -m bench.bench_learner
 
@@ -41,9 +42,11 @@ def sequences(model: str, count: int = 256) -> list[TrainSequence]:
     return out
 
 
-def measure(model: str, batch: list[TrainSequence], ranks: int, packed: bool = True) -> tuple[float, float]:
-    """Tokens/s (the sequences' own tokens) and the padding share."""
-    config = LearnerConfig(num_ranks=ranks, zero_stage=2, pack_sequences=packed)
+def measure(model: str, batch: list[TrainSequence], ranks: int, packed: bool = True, one_row: bool = False) -> tuple[float, float]:
+    """Tokens/s (the sequences' own tokens) and the padding share; `one_row`: each micro-batch one
+    row (learner.pack_row_tokens at the token budget)."""
+    budget = LearnerConfig().max_tokens_per_micro_batch
+    config = LearnerConfig(num_ranks=ranks, zero_stage=2, pack_sequences=packed, pack_row_tokens=budget if one_row else 0)
     learner = LearnerGroup(model, config)
     try:
         learner.train_step(batch, config.loss_config(1, 1.0, 48))  # warm-up
@@ -62,13 +65,15 @@ def main() -> list[dict]:
     init_ray(num_cpus=4)
     model = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-learner-"), corpus_for_tokenizer(), TinyModelSpec()))
     batch = sequences(model)
-    runs = {"1 rank, packed": (1, True), "1 rank, padded": (1, False), "2 ranks, packed": (2, True)}
-    results = {label: measure(model, batch, ranks, packed) for label, (ranks, packed) in runs.items()}
+    runs = {"1 rank, packed": (1, True, False), "1 rank, padded": (1, False, False), "1 rank, one row": (1, True, True),
+            "2 ranks, packed": (2, True, False)}
+    results = {label: measure(model, batch, *how) for label, how in runs.items()}
     print(f"learner, RL steps of {len(batch)} sequences, ZeRO-2, median of {REPEATS}")
     for label, (tps, padding) in results.items():
         print(f"  {label:16s} {tps:9.0f} tokens/s   padding {padding:6.1%}")
-    (packed, _), (padded, _), (two, _) = results.values()
-    print(f"  packed / padded: {packed / padded:.2f}x; 2 ranks / 1 rank (packed): {two / packed:.2f}x")
+    (packed, _), (padded, _), (one_row, _), (two, _) = results.values()
+    print(f"  packed / padded: {packed / padded:.2f}x; one row / padded: {one_row / padded:.2f}x; "
+          f"2 ranks / 1 rank (packed): {two / packed:.2f}x")
     return [comparison(f"learner, RL steps of {len(batch)} sequences, ZeRO-2", "tokens/s", "1 rank, packed",
                        {label: tps for label, (tps, _) in results.items()})]
 

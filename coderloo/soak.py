@@ -145,7 +145,7 @@ def write_section(results_md: Path, section: str) -> None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = text.find("\n## ", start + 1)
-        text = text[:start + 1] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start + 1] + (section.rstrip("\n") + "\n\n" + text[end + 1:] if end >= 0 else section)
     results_md.write_text(text)
 
 

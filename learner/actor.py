@@ -236,7 +236,7 @@ class Learner(WeightSource):
         self._set_lr(self.config.lr)
         self.engine.train()
         temperature = loss_config.temperature
-        minis = [([pack(m, self.pad_id, self.config.pack_sequences) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
+        minis = [([pack(m, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects.
@@ -317,7 +317,7 @@ class Learner(WeightSource):
             if values and not self.shared_value:
                 self._value_model().eval()
             for seqs in micros:
-                batch = pack(seqs, self.pad_id, self.config.pack_sequences)
+                batch = pack(seqs, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens)
                 if kl_estimator:
                     kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._reference_logprobs(batch, temperature), kl_estimator)
                     kls.append(batch.completion_rows(seqs, kl))
@@ -333,7 +333,7 @@ class Learner(WeightSource):
         for micros, normalizer, _ in work:
             finite = True
             for seqs in micros:
-                batch = pack(seqs, self.pad_id, self.config.pack_sequences)
+                batch = pack(seqs, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens)
                 loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask, normalizer / self.world_size)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 total += loss.item() / self.world_size

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.packing import rows_of
+from learner.packing import row_width, rows_of
 
 
 @dataclass
@@ -25,8 +25,8 @@ class TrainSequence:
 
 @dataclass
 class PackedBatch:
-    """Sequences in rows of a [R, W] tensor, W the longest sequence: end to end when packed
-    (learner/packing.py rows_of), one a row when padded, right-padded either way. The model keeps
+    """Sequences in rows of a [R, W] tensor, W the longest sequence or learner.pack_row_tokens: end
+    to end when packed (learner/packing.py rows_of), one a row when padded, right-padded either way. The model keeps
     sequences apart by their position ids (each starts at 0; with no attention mask, transformers
     masks attention between the runs of position ids, whatever the attention implementation), so
     every sequence is computed as if alone in its row. The per-token tensors are [R, W-1], aligned
@@ -61,16 +61,17 @@ class PackedBatch:
         return out
 
 
-def pack(sequences: list[TrainSequence], pad_id: int, packed: bool = True) -> PackedBatch:
-    """`sequences` in rows (end to end when `packed`), with their per-token values at their completion tokens."""
+def pack(sequences: list[TrainSequence], pad_id: int, packed: bool = True, row_tokens: int = 0) -> PackedBatch:
+    """`sequences` in rows (end to end when `packed`, rows of learner/packing.py's `row_width`), with
+    their per-token values at their completion tokens."""
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
     for row, seq in enumerate(sequences):
         for name, values in (("sampler logprobs", seq.sampler_logprobs), ("advantages", seq.advantages), ("mask values", seq.mask),
                              ("values", seq.values), ("returns", seq.returns)):
             if values is not None and len(values) != len(seq.completion_ids):
                 raise ValueError(f"sequence {row}: {len(values)} {name} for {len(seq.completion_ids)} completion tokens")
-    rows = rows_of(lengths, list(range(len(sequences))), packed)
-    width = max(lengths)
+    rows = rows_of(lengths, list(range(len(sequences))), packed, row_tokens)
+    width = row_width(lengths, list(range(len(sequences))), row_tokens if packed else 0)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
     per_token = {name: torch.zeros((len(rows), width - 1)) for name in ("completion_mask", "sampler_logprobs", "advantages", "old_values", "returns")}

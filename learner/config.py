@@ -71,6 +71,12 @@ class LearnerConfig(Section):
         description="Put sequences end to end in a micro-batch's rows, kept apart by their position ids (learner/batch.py), "
         "rather than one sequence a row padded to the longest; the padding share is in each step's record.",
     )
+    pack_row_tokens: int = Field(
+        default=0, ge=0,
+        description="Width of a packed row (0: the micro-batch's longest sequence). Wider rows leave less padding, and "
+        "max_tokens_per_micro_batch makes a micro-batch one row, none at all; the attention of a row costs its width "
+        "squared except with flash attention's varlen kernel (a GPU), so on a CPU the longest sequence is the cheapest.",
+    )
     logit_chunk_tokens: int = Field(
         default=512, ge=1,
         description="Tokens whose logits are computed at once (learner/logits.py): the language-model head, the fp32 "

@@ -54,7 +54,7 @@ class LearnerGroup:
             tokens = [trained_tokens(s) for s in mini]
             normalizer = loss_normalizer(aggregation, tokens, max_new_tokens)
             for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks),
-                                                        self.config.pack_sequences)):
+                                                        self.config.pack_sequences, self.config.pack_row_tokens)):
                 work[rank].append(([[mini[i] for i in m] for m in micros], normalizer, max(sum(tokens), 1)))
         return work
 
@@ -77,7 +77,7 @@ class LearnerGroup:
         """Per sequence, at each completion token: with `kl`, the KL estimate to the reference (a KL
         penalty in the reward); with `values`, the value model's estimate (PPO). None where not asked."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
-        dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks), self.config.pack_sequences)
+        dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks), self.config.pack_sequences, self.config.pack_row_tokens)
         results = self._wait([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
                                                     self.config.kl_estimator if kl else None, values)
                               for r, micros in zip(self.ranks, dealt)], "token_stats")

@@ -12,12 +12,17 @@ and the micro-batches are dealt to ranks to balance their tokens.
 from __future__ import annotations
 
 
-def rows_of(lengths: list[int], indices: list[int], packed: bool = True) -> list[list[int]]:
-    """`indices` placed in rows as wide as the longest of them: end to end, first fit in
-    decreasing length (ties in `indices`' order), or one a row when not `packed`."""
+def row_width(lengths: list[int], indices: list[int], row_tokens: int = 0) -> int:
+    """A micro-batch's width: its longest sequence, or `row_tokens` when wider (learner.pack_row_tokens)."""
+    return max(max((lengths[i] for i in indices), default=0), row_tokens)
+
+
+def rows_of(lengths: list[int], indices: list[int], packed: bool = True, row_tokens: int = 0) -> list[list[int]]:
+    """`indices` placed in rows of `row_width`: end to end, first fit in decreasing length (ties in
+    `indices`' order), or one a row when not `packed`."""
     if not packed:
         return [[i] for i in indices]
-    width = max((lengths[i] for i in indices), default=0)
+    width = row_width(lengths, indices, row_tokens)
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(indices, key=lambda i: -lengths[i]):
@@ -31,12 +36,13 @@ def rows_of(lengths: list[int], indices: list[int], packed: bool = True) -> list
     return rows
 
 
-def cost(lengths: list[int], indices: list[int], packed: bool = True) -> int:
-    """Tokens of the micro-batch's tensor, padding included: rows x the longest sequence."""
-    return len(rows_of(lengths, indices, packed)) * max((lengths[i] for i in indices), default=0)
+def cost(lengths: list[int], indices: list[int], packed: bool = True, row_tokens: int = 0) -> int:
+    """Tokens of the micro-batch's tensor, padding included: rows x their width."""
+    width = row_width(lengths, indices, row_tokens if packed else 0)
+    return len(rows_of(lengths, indices, packed, row_tokens)) * width
 
 
-def pack_by_tokens(lengths: list[int], max_tokens: int, packed: bool = True) -> list[list[int]]:
+def pack_by_tokens(lengths: list[int], max_tokens: int, packed: bool = True, row_tokens: int = 0) -> list[list[int]]:
     """Indices grouped into micro-batches whose cost is at most `max_tokens`.
 
     First fit over lengths in decreasing order; a sequence longer than the budget goes alone.
@@ -44,7 +50,7 @@ def pack_by_tokens(lengths: list[int], max_tokens: int, packed: bool = True) -> 
     bins: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         for b in bins:
-            if cost(lengths, b + [i], packed) <= max_tokens:
+            if cost(lengths, b + [i], packed, row_tokens) <= max_tokens:
                 b.append(i)
                 break
         else:
@@ -60,20 +66,21 @@ def _split_largest(bins: list[list[int]]) -> None:
     bins[largest:largest + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
 
 
-def deal_to_ranks(lengths: list[int], max_tokens: int, world_size: int, packed: bool = True) -> list[list[list[int]]]:
+def deal_to_ranks(lengths: list[int], max_tokens: int, world_size: int, packed: bool = True,
+                  row_tokens: int = 0) -> list[list[list[int]]]:
     """Micro-batches of one mini-batch for each rank: the same count on every rank, tokens balanced."""
     if len(lengths) < world_size:
         raise ValueError(f"{len(lengths)} sequences cannot be shared among {world_size} learner ranks")
-    bins = pack_by_tokens(lengths, max_tokens, packed)
+    bins = pack_by_tokens(lengths, max_tokens, packed, row_tokens)
     while len(bins) % world_size:
         _split_largest(bins)
     per_rank = len(bins) // world_size
     ranks: list[list[list[int]]] = [[] for _ in range(world_size)]
     load = [0] * world_size
-    for b in sorted(bins, key=lambda b: -cost(lengths, b, packed)):
+    for b in sorted(bins, key=lambda b: -cost(lengths, b, packed, row_tokens)):
         r = min((r for r in range(world_size) if len(ranks[r]) < per_rank), key=lambda r: load[r])
         ranks[r].append(sorted(b))
-        load[r] += cost(lengths, b, packed)
+        load[r] += cost(lengths, b, packed, row_tokens)
     return ranks
 
 

@@ -153,15 +153,17 @@ def test_packed_rows_give_each_sequence_the_logprobs_it_has_alone(tiny_model):
     seqs = [TrainSequence(torch.randint(100, (p,), generator=generator).tolist(), torch.randint(100, (c,), generator=generator).tolist())
             for p, c in [(6, 30), (4, 10), (8, 12), (3, 5), (5, 9)]]
     out = {}
-    for packed in (True, False):
-        b = pack(seqs, pad_id=0, packed=packed)
+    for layout, packed, row_tokens in (("packed", True, 0), ("one row", True, 200), ("padded", False, 0)):
+        b = pack(seqs, pad_id=0, packed=packed, row_tokens=row_tokens)
         with torch.no_grad():
             hidden = final_hidden_states(model, model, b.model_inputs())
             logprobs = chunked_logprobs(hidden, model.get_output_embeddings(), b.input_ids, b.completion_positions, 1.0, 64)
-        out[packed] = (b, b.completion_rows(seqs, logprobs))
-    assert out[True][0].input_ids.shape[0] < len(seqs) and out[True][0].padding_share < out[False][0].padding_share
-    for packed_row, padded_row in zip(out[True][1], out[False][1]):
-        assert torch.tensor(packed_row) == pytest.approx(torch.tensor(padded_row), abs=1e-5)
+        out[layout] = (b, b.completion_rows(seqs, logprobs))
+    assert out["packed"][0].input_ids.shape[0] < len(seqs) and out["packed"][0].padding_share < out["padded"][0].padding_share
+    assert out["one row"][0].input_ids.shape[0] == 1
+    for layout in ("packed", "one row"):
+        for packed_row, padded_row in zip(out[layout][1], out["padded"][1]):
+            assert torch.tensor(packed_row) == pytest.approx(torch.tensor(padded_row), abs=1e-5)
 
 
 def test_pack_places_token_advantages_and_the_policy_mask_on_their_tokens():
@@ -218,6 +220,18 @@ def test_pack_by_tokens_counts_packed_rows():
     assert [cost(lengths, b) for b in bins] == [100, 50]
     assert rows_of(lengths, [0, 1, 2]) == [[0], [1, 2]]
     assert cost(lengths, [0, 1, 2], packed=False) == 150
+    # rows of 100 tokens: one row holds [50 30 20], the whole budget is one row
+    assert rows_of(lengths, [0, 1, 2], row_tokens=100) == [[0, 1, 2]]
+    assert pack_by_tokens(lengths, max_tokens=100, row_tokens=100) == [[0, 1, 2], [3, 4]]
+    assert cost(lengths, [3, 4], row_tokens=100) == 100
+
+
+def test_pack_into_rows_of_a_set_width_leaves_padding_only_at_the_end():
+    seqs = [TrainSequence([5, 6], [7]), TrainSequence([4], [8, 9]), TrainSequence([3], [2])]
+    b = pack(seqs, pad_id=0, row_tokens=10)
+    assert b.input_ids.tolist() == [[5, 6, 7, 4, 8, 9, 3, 2, 0, 0]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 0, 1, 2, 3]]
+    assert b.padding_share == pytest.approx(0.2)
 
 
 def test_deal_to_ranks_gives_every_rank_the_same_number_of_passes():
