@@ -246,8 +246,8 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
         gathered = 2 * arch.layer_parameters() + arch.vocab * arch.hidden
         parts["ZeRO buffers"] = (gathered + min(ZERO3_PREFETCH_BUCKET, n) + 2 * min(ZERO_REDUCE_BUCKET, trained)) * b
     if stage == 3:
-        # a weight push gathers the whole model on every rank at once (Learner._whole_parameters; the
-        # scale run's ZeRO-3 ranks peaked 2.2 GB above ZeRO-2's): counted as if beside the activations
+        # a weight push gathers the whole model on every rank at once (Learner._whole_parameters):
+        # counted as if beside the activations
         parts["push gather"] = (n - n / world) * b
     if learner.lora is None and (learner.kl_coef > 0 or (learner.kl_coef_final or 0) > 0):
         parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
