@@ -5,6 +5,7 @@ in a collective ends the run with an error naming the timeout, not a hang."""
 import os
 import signal
 import threading
+import time
 
 import pytest
 import ray
@@ -17,10 +18,21 @@ from tests.test_fault_tolerance import SMALL, named, rl_steps, wait_for_record, 
 from tests.test_oom import LIMIT_MB, blow_up, cgroup_of
 
 
+def pid_of(prefix: str, timeout: float = 600) -> int:
+    """The pid of the live actor whose name starts with `prefix`, once it exists (a call to it: it
+    answers between the calls it is given)."""
+    deadline = time.time() + timeout
+    while not (found := named(prefix)):
+        if time.time() > deadline:
+            raise TimeoutError(f"no actor named {prefix}*")
+        time.sleep(0.2)
+    (name, namespace), = found
+    return ray.get(ray.get_actor(name, namespace=namespace).__ray_call__.remote(lambda self: os.getpid()))
+
+
 def stop(prefix: str) -> int:
     """SIGSTOP the live actor whose name starts with `prefix`; its pid."""
-    (name, namespace), = named(prefix)
-    pid = ray.get(ray.get_actor(name, namespace=namespace).__ray_call__.remote(lambda self: os.getpid()))
+    pid = pid_of(prefix)
     os.kill(pid, signal.SIGSTOP)
     return pid
 
@@ -82,8 +94,11 @@ def test_stuck_learner_rank_stops_the_run_naming_the_timeout(ray_cluster, tiny_m
     stopped: list[int] = []
 
     def stopper():
+        # its pid first: a call to the rank waits for the step it is in, and step 2 would end first
+        pid = pid_of("coderloo-learner-1-stuck-learner")
         wait_for_step(out, 1)
-        stopped.append(stop("coderloo-learner-1-stuck-learner"))
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
 
     thread = threading.Thread(target=stopper, daemon=True)
     thread.start()
