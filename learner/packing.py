@@ -45,16 +45,28 @@ def cost(lengths: list[int], indices: list[int], packed: bool = True, row_tokens
 def pack_by_tokens(lengths: list[int], max_tokens: int, packed: bool = True, row_tokens: int = 0) -> list[list[int]]:
     """Indices grouped into micro-batches whose cost is at most `max_tokens`.
 
-    First fit over lengths in decreasing order; a sequence longer than the budget goes alone.
+    First fit over lengths in decreasing order; a sequence longer than the budget goes alone. Each
+    micro-batch's rows are placed as it fills, as `rows_of` places them (the same order: its width
+    is its first sequence's), so its cost is known without placing it again.
     """
     bins: list[list[int]] = []
+    rooms: list[list[int]] = []  # per micro-batch, the tokens left in each of its rows
+    widths: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        for b in bins:
-            if cost(lengths, b + [i], packed, row_tokens) <= max_tokens:
-                b.append(i)
-                break
+        for b, room, width in zip(bins, rooms, widths):
+            row = next((r for r, free in enumerate(room) if lengths[i] <= free), None) if packed else None
+            if row is not None:
+                room[row] -= lengths[i]
+            elif (len(room) + 1) * width <= max_tokens:
+                room.append(width - lengths[i])
+            else:
+                continue
+            b.append(i)
+            break
         else:
             bins.append([i])
+            widths.append(max(lengths[i], row_tokens if packed else 0))
+            rooms.append([widths[-1] - lengths[i]])
     return bins
 
 
