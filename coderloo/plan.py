@@ -100,7 +100,7 @@ PUBLISHED = {
 # steps of configs/soak.yaml, `rss_mb/<actor>` at its end).
 DRIVER_BYTES = 920 * MiB  # the controller: tasks, tokenizer, Ray's driver
 RAY_HEAD_BYTES = (359 + 97 + 213 + 211) * MiB  # raylet, GCS, Serve's controller and HTTP proxy
-REPLICA_BYTES = (229 + 141) * MiB  # a reward-service replica and its sandbox pool's dispatcher
+REPLICA_BYTES = 229 * MiB  # a reward-service replica (its sandbox pool's dispatcher runs in it, in a thread)
 EXECUTOR_BYTES = 150 * MiB  # a sandbox executor and its fork server, without the programs
 # A learner rank's process: torch, DeepSpeed, transformers and Ray (their import alone: 0.6 GiB; the
 # soak's learner-0, 1,104 MB, less this plan's 0.3 GiB of its states and activations).

@@ -49,7 +49,6 @@ LABELS = [
     (re.compile(r" coderloo-rollout-(\d+)-"), "rollout"),
     (re.compile(r" coderloo-critic-"), "critic"),
     (re.compile(r"^SandboxExecutor "), "sandbox"),
-    (re.compile(r"^PoolDispatcher "), "sandbox-dispatcher"),
     (re.compile(r"^ServeController "), "serve-controller"),
     (re.compile(r"^ProxyActor "), "serve-proxy"),
     (re.compile(r"^ServeReplica:"), "reward-replica"),

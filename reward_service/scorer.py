@@ -3,10 +3,8 @@ the pool, time it against the reference, weigh the components."""
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-
-import ray
 
 from reward_service.extract import Extraction, extract, never_answered
 from reward_service.lint import ruff_check, syntax_error
@@ -148,7 +146,7 @@ class RewardScorer:
         # Ruff runs as a subprocess per program; threads overlap them with each other and with the pool.
         self._lint_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ruff")
 
-    def submit(self, tasks: list[Task], programs: list[str]) -> list[ray.ObjectRef]:
+    def submit(self, tasks: list[Task], programs: list[str]) -> list[Future]:
         """Start executing each (task, program) pair; returns one future per pair.
 
         Identical programs of one task run once: a sharpening policy repeats itself often.
@@ -161,8 +159,8 @@ class RewardScorer:
                 unique[key] = len(requests)
                 requests.append(task.execution_request(program, self.limits))
             index.append(unique[key])
-        refs = self.pool.submit(requests)
-        return [refs[i] for i in index]
+        futures = self.pool.submit(requests)
+        return [futures[i] for i in index]
 
     def _lint(self, tasks: list[Task], analyses: list[Analysis]) -> list[list[Diagnostic] | None]:
         if self.weights.lint == 0:
@@ -173,7 +171,7 @@ class RewardScorer:
         # A program that does not parse gets no lint rules (Ruff reports only its syntax error).
         return [found.get(a.program, []) for a in analyses]
 
-    def _time_references(self, tasks: list[Task]) -> list[tuple[str, ray.ObjectRef]]:
+    def _time_references(self, tasks: list[Task]) -> list[tuple[str, Future]]:
         """Start running the reference solution of each task not timed yet (once per task)."""
         if self.weights.performance == 0:
             return []
@@ -219,13 +217,13 @@ class RewardScorer:
         results: list[ExecutionResult | None] = [did_not_compile(t, a.syntax_error) if a.syntax_error else None
                                                  for t, a in zip(tasks, analyses)]
         runnable = [i for i, r in enumerate(results) if r is None]
-        refs = self.submit([tasks[i] for i in runnable], [analyses[i].program for i in runnable])
+        futures = self.submit([tasks[i] for i in runnable], [analyses[i].program for i in runnable])
         references = self._time_references(tasks)
         diagnostics = self._lint(tasks, analyses)  # while the pool runs the programs
-        for i, result in zip(runnable, ray.get(refs)):
-            results[i] = result
-        for task_id, ref in references:
-            timed = ray.get(ref)
+        for i, future in zip(runnable, futures):
+            results[i] = future.result()
+        for task_id, future in references:
+            timed = future.result()
             if timed.status == Status.passed:  # a reference that fails its own tests gives no yardstick
                 self._reference_s[task_id] = timed.duration_s
         broken = [i for i, r in enumerate(results) if r.status == Status.infra_error]

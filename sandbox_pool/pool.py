@@ -3,27 +3,29 @@ spreads them over the executors, runs again what a dead executor had, and scales
 with the queue.
 
     pool = SandboxPool(PoolSettings(min_executors=1, max_executors=8, concurrency_per_executor=4))
-    refs = pool.submit(requests)        # at once: one ObjectRef of an ExecutionResult per request
-    results = ray.get(refs)
+    futures = pool.submit(requests)     # at once: one Future of an ExecutionResult per request
+    results = [f.result() for f in futures]
 
 Executors ask Ray for `concurrency_per_executor` units of the custom resource `sandbox` (one per
 program they run at a time) and no CPU: on a cluster, nodes that offer `sandbox` (cluster.yaml's
 CPU nodes) hold them, and when none has room left the autoscaler adds such a node. A local
 cluster offers it too (coderloo.runtime.init_ray). Executors are named `coderloo-sandbox-<pool>-<n>`.
 
-The dispatcher (an async actor, one per pool, owned by the process that made the pool) holds the
-queue. Ray calls are batched, since one costs about as much CPU as a small program's run: a
-caller's requests reach it in one call; it hands each executor as many runs as the executor has
-slots and as many again, which wait there behind its busy slots, and an executor answers with its
-ended runs' results once none waits, several per call (`SandboxExecutor.run`). Each ObjectRef that
-`submit` returns is the dispatcher's answer for one request, so a result is delivered once,
-whatever happens behind it: when an executor dies, or stops answering (it holds a run that should
-have ended, with its wait for a slot, its limit and the backend's margin, CALL_MARGIN_S ago: it is
-killed), the requests it held, running or waiting, go back to the front of the queue and run on
-another executor; so does a request whose executor answered `infra_error` (its sandbox failed,
-not the program). This is the one retry of a sandbox failure: up to `MAX_ATTEMPTS` runs; after
-that, and for any other failure of the machinery, the result is an `infra_error`, which callers
-refuse, and never score as a failed program.
+The dispatcher holds the queue. It runs in the process that made the pool (a reward-service
+replica), on an event loop of its own in a thread of that process: a caller's requests reach it
+without a Ray call, and the executors it starts are owned by that process, so they go with it.
+Ray calls are batched, since one costs about as much CPU as a small program's run: it hands each
+executor as many runs as the executor has slots and twice as many again (HELD_PER_SLOT), which
+wait there behind its busy slots, and an executor answers with its ended runs' results once none
+waits, several per call (`SandboxExecutor.run`). Each Future that `submit` returns is the
+dispatcher's answer for one request, so a result is delivered once, whatever happens behind it:
+when an executor dies, or stops answering (it holds a run that should have ended, with its wait
+for a slot, its limit and the backend's margin, CALL_MARGIN_S ago: it is killed), the requests
+it held, running or waiting, go back to the front of the queue and run on another executor; so
+does a request whose executor answered `infra_error` (its sandbox failed, not the program). This
+is the one retry of a sandbox failure: up to `MAX_ATTEMPTS` runs; after that, and for any other
+failure of the machinery, the result is an `infra_error`, which callers refuse, and never score
+as a failed program.
 
 Scaling: when the requests queued (here or at an executor) and running exceed what the executors
 (started or starting) can run at once, executors are added, up to `max_executors`; an executor
@@ -33,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import itertools
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,9 +55,10 @@ RESOURCE = "sandbox"
 MAX_ATTEMPTS = 3  # runs of one request whose executor died or whose sandbox failed, before it is an infra_error
 RETRY_START_S = (1.0, 30.0)  # after a failed start, wait this long (doubling per failure, up to the second) to try again
 CALL_MARGIN_S = 30.0  # past a run's own limit and the backend's margin: the executor is stuck
-# Runs an executor holds per slot: one in it and one waiting for it, so that its slots never wait for
-# a round trip to the dispatcher and its results come back about `concurrency_per_executor` per call.
-HELD_PER_SLOT = 2
+# Runs an executor holds per slot: one in it and two waiting for it, so that its slots never wait for
+# a round trip to the dispatcher and its results come back about 2 x `concurrency_per_executor` per
+# call (at 2, twice the calls cost 0.03 of the pool's programs/s: bench/results.md, reward_service).
+HELD_PER_SLOT = 3
 TICK_S = 1.0
 RETIRE_S = 30.0  # an idle executor's close() may take this long before its actor is ended
 HEALTH_CHECK = ExecutionRequest(program="def ok():\n    return 1\n", tests=["assert ok() == 1"])
@@ -102,7 +107,10 @@ class SandboxExecutor:
             self._backend = ForkServer()
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
-        self._runs: dict[int, asyncio.Task] = {}  # by the dispatcher's key: started, result not yet handed back
+        self._held = 0  # runs started whose results no call has handed back yet
+        self._running: set[asyncio.Future] = set()  # (the event loop keeps only weak references to tasks)
+        self._ended: dict[int, ExecutionResult] = {}  # by the dispatcher's key: ended, not handed back yet
+        self._change: asyncio.Future | None = None  # set when a run ends: wakes the calls waiting in `run`
 
     async def ready(self) -> dict:
         """Run one small program: an executor whose sandbox does not work on its node never gets requests."""
@@ -115,6 +123,7 @@ class SandboxExecutor:
         async with self._slots:
             return await self._backend.execute(request)
 
+    @ray.method(enable_task_events=False)
     async def run(self, requests: dict[int, ExecutionRequest]) -> dict[int, ExecutionResult]:
         """Start `requests` (by key; those past the free slots wait for one), then answer with the
         results of every run that has ended and whose result no call has handed back yet, once at
@@ -125,13 +134,30 @@ class SandboxExecutor:
         executor no more than HELD_PER_SLOT runs per slot, ended ones included). Calls that overlap
         never hand back one result twice."""
         for key, request in requests.items():
-            self._runs[key] = asyncio.ensure_future(self._answered(request))
-        while self._runs:
-            ended = [key for key, run in self._runs.items() if run.done()]
-            if ended and len(self._runs) - len(ended) <= self._concurrency:
-                return {key: self._runs.pop(key).result() for key in ended}
-            await asyncio.wait([run for run in self._runs.values() if not run.done()], return_when=asyncio.FIRST_COMPLETED)
+            self._held += 1
+            run = asyncio.ensure_future(self._answered(request))
+            self._running.add(run)
+            run.add_done_callback(lambda run, key=key: self._ended_run(key, run))
+        while self._held:
+            if self._ended and self._held - len(self._ended) <= self._concurrency:
+                results, self._ended = self._ended, {}
+                self._held -= len(results)
+                return results
+            if self._change is None:
+                self._change = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._change)
         return {}
+
+    def _ended_run(self, key: int, run: asyncio.Future) -> None:
+        """A run ended: its result waits for a call to hand it back; the waiting calls look again
+        (one wake-up each, rather than each call watching every run)."""
+        self._running.discard(run)
+        if run.cancelled():  # the actor is going away
+            return
+        self._ended[key] = run.result()
+        change, self._change = self._change, None
+        if change is not None:
+            change.set_result(None)
 
     async def _answered(self, request: ExecutionRequest) -> ExecutionResult:
         """A backend answers every run with a result; should one raise all the same, the run is a sandbox failure."""
@@ -148,7 +174,7 @@ class SandboxExecutor:
 @dataclass(eq=False)
 class _Job:
     request: ExecutionRequest
-    future: asyncio.Future
+    future: concurrent.futures.Future  # the caller's (SandboxPool.submit)
     attempts: int = 0
     lost_on: list[str] = field(default_factory=list)  # executors that died under it
     ends_by: float = 0.0  # (monotonic) when its executor's backend must have answered its run, with its wait for a slot
@@ -164,10 +190,9 @@ class _Executor:
     idle_since: float = field(default_factory=time.monotonic)
 
 
-@ray.remote
-class PoolDispatcher:
-    """The pool's queue, executors and scaling (see the module's docstring). An async actor: one
-    event loop, so no locks."""
+class _Dispatcher:
+    """The pool's queue, executors and scaling (see the module's docstring). Every method runs on
+    the pool's event loop, so no locks."""
 
     def __init__(self, settings: PoolSettings, pool_id: str):
         self.settings = settings
@@ -184,25 +209,17 @@ class PoolDispatcher:
         self.gauges = _pool_gauges()
 
     async def started(self) -> None:
-        """Start the initial executors (without waiting for them)."""
-        self._tick_in_background()
+        """Start the ticker and the initial executors (without waiting for them)."""
+        self.ticker = asyncio.ensure_future(self._tick())
         initial = self.settings.initial_executors
-        # Requests may have come first (Ray keeps a caller's order, but not across callers).
         for _ in range((self.settings.min_executors if initial is None else initial) - len(self.executors)):
             self._start_executor()
 
-    async def execute(self, requests: list[ExecutionRequest]) -> ExecutionResult | tuple[ExecutionResult, ...]:
-        """Run `requests`; one return value per request, in order (the caller asks for as many:
-        `SandboxPool.submit`). One Ray call for all of a caller's requests, not one each."""
-        self._tick_in_background()
-        loop = asyncio.get_running_loop()
-        jobs = [_Job(request, loop.create_future()) for request in requests]
-        self.queue.extend(jobs)
+    def enqueue(self, requests: list[ExecutionRequest], futures: list[concurrent.futures.Future]) -> None:
+        """Queue `requests`; each one's result goes to its future."""
+        self.queue.extend(_Job(request, future) for request, future in zip(requests, futures, strict=True))
         self._dispatch()
         self._scale()
-        results = await asyncio.gather(*(job.future for job in jobs))
-        self.counts["delivered"] += len(results)
-        return results[0] if len(results) == 1 else tuple(results)
 
     async def stats(self) -> dict:
         running = self._in_slots()
@@ -218,10 +235,10 @@ class PoolDispatcher:
         self.closed = True
         if self.ticker is not None:
             self.ticker.cancel()
-        for job in self.queue:
+        executors, self.executors = list(self.executors.values()), {}
+        for job in [*self.queue, *(job for e in executors for job in e.running.values())]:
             self._fail(job, "the sandbox pool was shut down")
         self.queue.clear()
-        executors, self.executors = list(self.executors.values()), {}
         closing = [e.handle.close.remote() for e in executors if e.ready]
         if closing:
             await asyncio.wait([asyncio.ensure_future(ref) for ref in closing], timeout=30)
@@ -349,8 +366,11 @@ class PoolDispatcher:
         self._scale()
 
     def _finish(self, job: _Job, result: ExecutionResult) -> None:
-        if not job.future.done():
+        try:
             job.future.set_result(result)
+        except concurrent.futures.InvalidStateError:  # its caller cancelled it, or it was answered already
+            return
+        self.counts["delivered"] += 1
 
     def _fail(self, job: _Job, detail: str) -> None:
         """Finish with an infra_error: the machinery failed, not the program."""
@@ -406,10 +426,6 @@ class PoolDispatcher:
             pass  # it is ended below all the same
         ray.kill(executor.handle)
 
-    def _tick_in_background(self) -> None:
-        if self.ticker is None:
-            self.ticker = asyncio.ensure_future(self._tick())
-
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
@@ -430,34 +446,49 @@ class PoolDispatcher:
 
 
 class SandboxPool:
-    """The driver's handle on a pool (see the module's docstring)."""
+    """The handle on a pool (see the module's docstring): its dispatcher runs on an event loop in a
+    thread of this process, from here until `shutdown`."""
 
     def __init__(self, settings: PoolSettings | None = None):
         self.settings = settings or PoolSettings()
         self.pool_id = uuid.uuid4().hex[:8]
-        # A dispatcher takes any number of requests at once: the queue is its own, not Ray's.
-        self._dispatcher = PoolDispatcher.options(num_cpus=0, max_concurrency=1_000_000).remote(self.settings, self.pool_id)
-        self._dispatcher.started.remote()  # a caller's calls reach an actor in order: before any request
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"sandbox-pool-{self.pool_id}", daemon=True)
+        self._thread.start()
+        self._dispatcher = _Dispatcher(self.settings, self.pool_id)
+        self._on_loop(self._dispatcher.started())
 
-    def submit(self, requests: list[ExecutionRequest]) -> list[ray.ObjectRef]:
-        """Queue every request; one ObjectRef of an ExecutionResult per request, in order (all in one Ray call)."""
-        if not requests:
-            return []
-        refs = self._dispatcher.execute.options(num_returns=len(requests)).remote(requests)
-        return [refs] if len(requests) == 1 else list(refs)
+    def _on_loop(self, work):
+        """Run a coroutine on the pool's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def submit(self, requests: list[ExecutionRequest]) -> list[concurrent.futures.Future]:
+        """Queue every request; one Future of an ExecutionResult per request, in order."""
+        futures = [concurrent.futures.Future() for _ in requests]
+        if requests:
+            self._loop.call_soon_threadsafe(self._dispatcher.enqueue, list(requests), futures)
+        return futures
 
     def run(self, requests: list[ExecutionRequest]) -> list[ExecutionResult]:
         """Execute and wait; results in request order."""
-        return ray.get(self.submit(requests))
+        return [future.result() for future in self.submit(requests)]
 
     def stats(self) -> dict:
         """Executors (all, ready), requests queued and running, and counters: delivered, reruns,
         executors_started, executors_lost, executors_removed."""
-        return ray.get(self._dispatcher.stats.remote())
+        return self._on_loop(self._dispatcher.stats())
 
     def shutdown(self) -> None:
-        ray.get(self._dispatcher.shutdown.remote())
-        ray.kill(self._dispatcher)
+        """End the executors; requests still queued get an infra_error. The pool's thread ends."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._on_loop(self._dispatcher.shutdown())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            if not self._thread.is_alive():
+                self._loop.close()
 
 
 def _pool_gauges() -> dict:
