@@ -5,14 +5,16 @@ programs scored through the trainer's path and run on the process backend direct
 
 Each round is a training step's scoring: PROMPTS synthetic tasks, SAMPLES completions each (every
 third one wrong; each distinct, so none is deduplicated), sent as the trainer sends them
-(`RewardClient.submit`, one request per prompt, all in flight, then `collect`), and the very same
+(`RewardClient.submit` per prompt, all in flight, then `collect`: the client sends the submits of
+one moment as requests of `client_batch_items`, here 4 of 64), and the very same
 programs, as the scorer builds them, run on warm fork servers (`ForkServer.execute`, CONCURRENCY
 at a time, as bench/bench_sandbox.py drives it), as many as the service's pool has executors, each
 running as many at a time as an executor (EXECUTORS x CONCURRENCY_PER_EXECUTOR): the same
 sandboxes, without Ray, Serve or scoring. The rounds alternate between the paths
 (bench.plots.alternating) and medians are reported; every path must agree on every outcome.
-A third path sends the same requests over HTTP (127.0.0.1), as many in flight: what HTTP and
-JSON cost on top.
+Two more paths: the handle with a request per prompt (`client_linger_ms` 0: what each Serve
+request costs), and the same requests of a prompt each over HTTP (127.0.0.1), as many in flight:
+what HTTP and JSON cost on top.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ EXECUTORS = 2
 CONCURRENCY_PER_EXECUTOR = CONCURRENCY // EXECUTORS
 BACKEND = "process backend, direct"
 HANDLE = "reward service, DeploymentHandle"
+PER_PROMPT = "reward service, handle, a request a prompt"
 HTTP = "reward service, HTTP (127.0.0.1)"
 
 
@@ -77,19 +80,26 @@ def main() -> list[dict]:
             servers[server] -= 1
     url = f"http://127.0.0.1:{port}/{APP_NAME}/v1/rewards"
     http = requests.Session()
-    outcomes: dict[str, list[list[bool]]] = {BACKEND: [], HANDLE: [], HTTP: []}
+    outcomes: dict[str, list[list[bool]]] = {BACKEND: [], HANDLE: [], PER_PROMPT: [], HTTP: []}
 
     def by_backend(r: int) -> dict:
         seconds, passed = asyncio.run(run_async(on_a_server, executions[r]))
         outcomes[BACKEND].append(passed)
         return {"programs_s": count / seconds}
 
-    def by_handle(r: int) -> dict:
+    def by_handle(r: int, path: str = HANDLE) -> dict:
         start = time.perf_counter()
         rewards = client.collect([p for t, cs in zip(*rounds[r]) for p in client.submit([t] * len(cs), cs)])
         seconds = time.perf_counter() - start
-        outcomes[HANDLE].append([x.passed for x in rewards])
+        outcomes[path].append([x.passed for x in rewards])
         return {"programs_s": count / seconds}
+
+    def by_prompt(r: int) -> dict:
+        linger, client.linger_s = client.linger_s, 0.0  # each submit sent at once, as its own request
+        try:
+            return by_handle(r, PER_PROMPT)
+        finally:
+            client.linger_s = linger
 
     def post(request: RewardRequest) -> list:
         answer = http.post(url, data=request.model_dump_json(exclude_none=True), timeout=120,
@@ -111,20 +121,20 @@ def main() -> list[dict]:
         client.score(rounds[0][0][:1], rounds[0][1][0][:1])
         for server in servers:
             asyncio.run(server.execute(executions[0][0]))
-        runs = medians(alternating(ROUNDS, {BACKEND: by_backend, HANDLE: by_handle, HTTP: by_http}))
+        runs = medians(alternating(ROUNDS, {BACKEND: by_backend, HANDLE: by_handle, PER_PROMPT: by_prompt, HTTP: by_http}))
     finally:
         for server in servers:
             server.close()
         client.close()
-    if outcomes[HANDLE] != outcomes[BACKEND] or outcomes[HTTP] != outcomes[BACKEND]:
+    if any(outcome != outcomes[BACKEND] for outcome in outcomes.values()):
         raise SystemExit("the reward service and the process backend disagree on which programs pass")
     rates = {name: r["programs_s"] for name, r in runs.items()}
-    print(f"reward service against its sandbox: programs/s, {ROUNDS} rounds of {PROMPTS} requests of {SAMPLES} completions "
-          f"({count} programs, all in flight), median; {EXECUTORS} fork servers x {CONCURRENCY_PER_EXECUTOR} at a "
+    print(f"reward service against its sandbox: programs/s, {ROUNDS} rounds of {PROMPTS} prompts of {SAMPLES} completions "
+          f"({count} programs, all in flight; the handle's in requests of {client.batch_items}), median; {EXECUTORS} fork servers x {CONCURRENCY_PER_EXECUTOR} at a "
           f"time, directly or as the service's pool")
     for name, rate in rates.items():
-        print(f"  {name:34s} {rate:8.1f} programs/s   x{rate / rates[BACKEND]:.2f} of the process backend")
-    return [comparison(f"reward service vs its sandbox: programs/s ({PROMPTS} requests of {SAMPLES} in flight)",
+        print(f"  {name:44s} {rate:8.1f} programs/s   x{rate / rates[BACKEND]:.2f} of the process backend")
+    return [comparison(f"reward service vs its sandbox: programs/s ({PROMPTS} prompts of {SAMPLES} in flight)",
                        "programs/s", HANDLE, rates)]
 
 
