@@ -145,10 +145,15 @@ def probe_sums(named: Mapping[str, torch.Tensor], probes: Iterable[str]) -> dict
     return sums
 
 
+FLOAT64_CHUNK = 1 << 20  # elements: a chunk's float64 copy stays in the CPU's cache
+
+
 def float64_sum(tensor: torch.Tensor) -> float:
-    """The sum of `tensor`, accumulated in float64 (without the float64 copy `.double()` makes:
-    3-4x faster on a CPU, which matters for a 0.5B model's embedding)."""
-    return float(torch.sum(tensor.detach(), dtype=torch.float64))
+    """The sum of `tensor`, accumulated in float64, a chunk at a time: torch sums a float32 or
+    bfloat16 tensor into float64 without vectorizing, so the chunk's float64 copy, summed, is
+    2.5x faster on a CPU (0.19 s against 0.47 s for a 0.5B model's embedding)."""
+    flat = tensor.detach().reshape(-1)
+    return float(sum(torch.sum(chunk.double()) for chunk in flat.split(FLOAT64_CHUNK)))
 
 
 def bit_sum(buf: torch.Tensor) -> int:
@@ -325,7 +330,9 @@ def send(group: WeightGroup, plan: BucketPlan, named: Mapping[str, torch.Tensor]
             offsets, size = segment_layout(plan)
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
-                os.ftruncate(fd, size)
+                # The file's pages at once, in the kernel: written through the mapping page by page
+                # instead, a fresh file costs a page fault each (6.0 s against 0.86 s for 2.4 GB here).
+                os.posix_fallocate(fd, 0, size)
             finally:
                 os.close(fd)
             segment = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
