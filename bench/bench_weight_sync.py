@@ -13,7 +13,10 @@ two buffers in one process: the floor no transport can beat (a push copies at le
 the transport, then into the engine). Medians of REPEATS pushes after a warm-up (of 10 copies).
 A push's time is from the first call to the last worker's verified load: transport, loading and
 checks. "send" is the learner's part of it (shm: writing the file and its checksums; gloo: the
-broadcasts); the rest is the engine's load and checks and the Ray calls.
+broadcasts); the rest is the engine's load and checks and the Ray calls. "vLLM reload alone" is
+the engine's part without any transport: the same worker reloads the checkpoint's tensors, already
+in its memory, through the same in-place reload (`reload_weights`), median of REPEATS: the floor of
+any push into this engine.
 """
 from __future__ import annotations
 
@@ -57,8 +60,9 @@ def memcpy_s(nbytes: int) -> float:
     return statistics.median(times)
 
 
-def push_s(model: str) -> dict[str, tuple[int, float, float]]:
-    """By transport: bytes, median push seconds, and the learner's share of the last push."""
+def push_s(model: str) -> dict:
+    """By transport: bytes, median push seconds, and the learner's share of the last push; and
+    "reload": the worker's median reload seconds alone."""
     learner = LearnerGroup(model, LearnerConfig(threads=2))
     worker = RolloutWorker.remote(model, "vllm", threads=2, engine={"max_model_len": 512})
     version = 0
@@ -73,10 +77,29 @@ def push_s(model: str) -> dict[str, tuple[int, float, float]]:
                             worker.receive_weights.remote(group._plan, group.version + 1)])[0]
             version = group.version + 1
             out[transport] = (nbytes, seconds, sent["sent_s"])
+        out["reload"] = ray.get(worker.__ray_call__.remote(lambda self: self.backend.llm.collective_rpc(reload_s)[0]))
     finally:
         learner.kill()
         ray.kill(worker)
     return out
+
+
+def reload_s(vllm_worker) -> float:
+    """(In the vLLM worker.) Median seconds of its in-place reload of the model's checkpoint, read
+    into memory first: the engine's load alone."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    weights = {}
+    for path in sorted(glob.glob(f"{vllm_worker.model_runner.model_config.model}/*.safetensors")):
+        weights.update(load_file(path))
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        vllm_worker.reload_weights(weights_iterator=iter(weights.items()))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def median_push(group: RolloutGroup) -> tuple[int, float]:
@@ -98,9 +121,12 @@ def main() -> list[dict]:
         copy = memcpy_s(nbytes)
         comparisons.append(comparison(f"weight sync, {name} model ({nbytes / 2**20:.1f} MiB)", "ms", "shm push",
                                       {"gloo push": pushes["gloo"][1] * 1e3, "shm push": pushes["shm"][1] * 1e3,
-                                       "memcpy": copy * 1e3}, lower_is_better=True))
-        print(f"  {name} ({nbytes / 2**20:.1f} MiB): memcpy {copy * 1e3:.2f} ms ({nbytes / 2**20 / copy:.0f} MiB/s)")
-        for transport, (_, sync, sent) in pushes.items():
+                                       "vLLM reload alone": pushes["reload"] * 1e3, "memcpy": copy * 1e3},
+                                      lower_is_better=True))
+        print(f"  {name} ({nbytes / 2**20:.1f} MiB): memcpy {copy * 1e3:.2f} ms ({nbytes / 2**20 / copy:.0f} MiB/s); "
+              f"vLLM reload alone {pushes['reload'] * 1e3:.1f} ms, {pushes['reload'] / copy:.1f}x memcpy")
+        for transport in TRANSPORTS:
+            _, sync, sent = pushes[transport]
             print(f"    {transport:4s} push {sync * 1e3:8.1f} ms ({nbytes / 2**20 / sync:6.0f} MiB/s), push / memcpy "
                   f"{sync / copy:6.1f}x; learner's send {sent * 1e3:7.1f} ms, engine's load, checks and Ray calls "
                   f"the rest")
