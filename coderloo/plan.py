@@ -275,10 +275,10 @@ def _kv_space_bytes() -> float:
 
 
 def _push_bytes(config, arch: Architecture) -> float:
-    """What a CPU engine holds of a weight push while it loads it: over shared memory (the same
-    node: transport auto or shm) the whole push's file is mapped, the weights as the learner sends
-    them, a tied head under both its names (the scale run's pushes: 1,260 MB for 494M parameters in
-    bf16); over gloo, one bucket."""
+    """What a CPU engine holds of a weight push: over shared memory (the same node: transport auto
+    or shm) the whole push's segment, kept mapped from push to push, the weights as the learner
+    sends them, a tied head under both its names (the scale run's pushes: 1,260 MB for 494M
+    parameters in bf16); over gloo, one bucket while it loads it."""
     sync = config.rollout.weight_sync
     if sync.transport == "gloo":
         return float(sync.bucket_bytes)

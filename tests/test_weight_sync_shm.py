@@ -93,7 +93,9 @@ def test_bit_sum_is_exact_and_sees_one_flipped_bit():
     assert bit_sum(torch.zeros(3, dtype=torch.bfloat16)) == 0
 
 
-def test_shm_push_delivers_the_senders_bytes_and_version_and_leaves_nothing(ray_cluster, tiny_model):
+def test_shm_push_delivers_the_senders_bytes_and_version_into_one_kept_segment_without_a_name(ray_cluster, tiny_model):
+    """Each push is the sender's bytes; after the first, the file's name is gone, and every push is
+    written into the one segment both sides keep mapped (the engine's mapping: of a deleted file)."""
     source = ModelSource.remote(str(tiny_model))
     engine = VLLMEngine.remote(str(tiny_model))
     group = RolloutGroup([engine], WeightSyncConfig(transport="shm", bucket_mb=0.25, timeout_s=60))
@@ -101,7 +103,8 @@ def test_shm_push_delivers_the_senders_bytes_and_version_and_leaves_nothing(ray_
         group.connect([source])
         token, transports = ray.get(source.transports.remote())
         assert transports == {1: "shm"}
-        for version in (1, 2):
+        mappings = []
+        for version in (1, 2, 3):
             ray.get(source.perturb.remote(0.3))
             timing = group.push()
             assert group.version == version and ray.get(engine.status.remote())[1] == version
@@ -113,7 +116,10 @@ def test_shm_push_delivers_the_senders_bytes_and_version_and_leaves_nothing(ray_
             assert "model.embed_tokens.weight" in kept and len(kept) >= 2 + 2 * 2
             for name in kept:
                 assert torch.equal(held[name][: len(sent[name])], sent[name]), name
-            assert segments(token) == [] and ray.get(engine.segment_mappings.remote()) == []
+            assert segments(token) == []
+            mappings.append(ray.get(engine.segment_mappings.remote()))
+            assert len(mappings[-1]) == 1 and mappings[-1][0].endswith("(deleted)"), mappings[-1]
+        assert mappings[0] == mappings[1] == mappings[2]  # the same memory, at the same address
     finally:
         ray.kill(source)
         ray.kill(engine)
