@@ -148,15 +148,25 @@ def probe_sums(named: Mapping[str, torch.Tensor], probes: Iterable[str]) -> dict
     return sums
 
 
-FLOAT64_CHUNK = 1 << 20  # elements: a chunk's float64 copy stays in the CPU's cache
+FLOAT64_CHUNK = 1 << 18  # elements: a chunk's float64 copy (2 MiB) stays in the CPU's cache
 
 
 def float64_sum(tensor: torch.Tensor) -> float:
     """The sum of `tensor`, accumulated in float64, a chunk at a time: torch sums a float32 or
-    bfloat16 tensor into float64 without vectorizing, so the chunk's float64 copy, summed, is
-    2.5x faster on a CPU (0.19 s against 0.47 s for a 0.5B model's embedding)."""
+    bfloat16 tensor into float64 without vectorizing, so each chunk is copied into one float64
+    buffer and summed there (4.5x faster on a CPU: 0.06 s against 0.28 s for a 0.5B model's
+    embedding; a new buffer per chunk costs its page faults in a process whose allocator maps
+    large blocks afresh each time, as the learner's did: 0.35-0.9 s)."""
     flat = tensor.detach().reshape(-1)
-    return float(sum(torch.sum(chunk.double()) for chunk in flat.split(FLOAT64_CHUNK)))
+    if flat.dtype == torch.float64:
+        return float(flat.sum())
+    buffer = torch.empty(min(FLOAT64_CHUNK, flat.numel()), dtype=torch.float64, device=flat.device)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for chunk in flat.split(FLOAT64_CHUNK):
+        part = buffer[: chunk.numel()]
+        part.copy_(chunk)
+        total += part.sum()
+    return float(total)
 
 
 def bit_sum(buf: torch.Tensor) -> int:
