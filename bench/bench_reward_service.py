@@ -134,6 +134,11 @@ def main() -> list[dict]:
           f"time, directly or as the service's pool")
     for name, rate in rates.items():
         print(f"  {name:44s} {rate:8.1f} programs/s   x{rate / rates[BACKEND]:.2f} of the process backend")
+    # What a Serve request costs: the same programs in PROMPTS requests against ceil(count / batch) of them
+    extra = PROMPTS - -(-count // client.batch_items)
+    per_request = (count / rates[PER_PROMPT] - count / rates[HANDLE]) / extra
+    print(f"  a Serve request costs {per_request * 1e3:.1f} ms of the round's time ({extra} more requests a round, "
+          f"a request a prompt against the handle's)")
     return [comparison(f"reward service vs its sandbox: programs/s ({PROMPTS} prompts of {SAMPLES} in flight)",
                        "programs/s", HANDLE, rates)]
 

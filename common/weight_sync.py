@@ -6,7 +6,7 @@ Three transports, one protocol:
   /dev/shm (named per group and push); the engine maps it and hands views of it to its loader, with
   no copy on the way. The file's name goes once every engine has loaded it (or the push failed), but
   both sides keep their mappings: the next push of the same plan is written into the same memory
-  (a fresh file's pages cost more than the copy: 0.4 s of 0.67 s for 1.9 GB), and the memory goes
+  (a fresh file's pages, allocated and mapped, cost more than the copy itself), and the memory goes
   with the last process that maps it, so nothing is left behind when one dies.
 - "gloo": torch.distributed's CPU backend over TCP (one machine or several); the receiver hands
   the tensors to the engine's own weight loader (vLLM's in-place reload, which repacks weights
@@ -154,9 +154,9 @@ FLOAT64_CHUNK = 1 << 18  # elements: a chunk's float64 copy (2 MiB) stays in the
 def float64_sum(tensor: torch.Tensor) -> float:
     """The sum of `tensor`, accumulated in float64, a chunk at a time: torch sums a float32 or
     bfloat16 tensor into float64 without vectorizing, so each chunk is copied into one float64
-    buffer and summed there (4.5x faster on a CPU: 0.06 s against 0.28 s for a 0.5B model's
-    embedding; a new buffer per chunk costs its page faults in a process whose allocator maps
-    large blocks afresh each time, as the learner's did: 0.35-0.9 s)."""
+    buffer and summed there (several times faster on a CPU for a 0.5B model's embedding; a new
+    buffer per chunk costs its page faults in a process whose allocator maps large blocks afresh
+    each time, as the learner's did)."""
     flat = tensor.detach().reshape(-1)
     if flat.dtype == torch.float64:
         return float(flat.sum())
@@ -356,7 +356,7 @@ def send(group: WeightGroup, plan: BucketPlan, named: Mapping[str, torch.Tensor]
                 fd = os.open(made, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
                     # The file's pages at once, in the kernel: written through the mapping page by page
-                    # instead, a fresh file costs a page fault each (6.0 s against 0.86 s for 2.4 GB here).
+                    # instead, a fresh file costs a page fault each (several times the copy for a 0.5B model).
                     os.posix_fallocate(fd, 0, size)
                 finally:
                     os.close(fd)

@@ -46,7 +46,6 @@ class RewardClient:
         self.started_serve = not _serve_running()
         if self.started_serve:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()})
-        self.max_batch = config.max_batch
         self.batch_items = min(config.client_batch_items, config.max_batch)
         self.linger_s = config.client_linger_ms / 1000
         # Per-token rewards need the service to decode token ids: only with a tokenizer.
@@ -68,16 +67,14 @@ class RewardClient:
     def submit(
         self, tasks: list[Task], completions: list[str], token_ids: list[list[int]] | None = None
     ) -> Pending:
-        """Queue the items, to be sent within `linger_s` with those of other submits; `collect`
-        waits for their rewards. With each completion's `token_ids` (the service needs a
-        tokenizer: `per_token`), each reward has per-token rewards too."""
+        """Queue the items, to be sent within `linger_s` with those of other submits (at once when
+        it is 0); `collect` waits for their rewards. With each completion's `token_ids` (the
+        service needs a tokenizer: `per_token`), each reward has per-token rewards too."""
         ids = token_ids if token_ids is not None else [None] * len(completions)
         items = [
             RewardItem(task=t, completion=c, completion_token_ids=i)
             for t, c, i in zip(tasks, completions, ids, strict=True)
         ]
-        if self.linger_s == 0:
-            return self._send_batches(RewardRequest, items)
         pending = []
         with self._filling:
             at = 0
@@ -91,6 +88,8 @@ class RewardClient:
                 at += take
                 if len(request.items) == self.batch_items:
                     self._send_open()
+            if self._open is not None and self.linger_s == 0:
+                self._send_open()
             if self._open is not None:
                 if self._sender is None:
                     self._sender = threading.Thread(target=self._send_after_linger, name="reward-client", daemon=True)
@@ -102,17 +101,13 @@ class RewardClient:
         """Run each (task, program) once with no tests (the code interpreter): what it printed and
         how it ended, in order."""
         items = [RunItem(task=t, program=p) for t, p in zip(tasks, programs, strict=True)]
-        return self.collect(self._send_batches(RunRequest, items))
-
-    def _send_batches(self, kind: type[RewardRequest | RunRequest], items: list) -> Pending:
-        """Send `items` now, as requests of at most `batch_items` items, all at once."""
         pending = []
-        for i in range(0, len(items), self.batch_items):
-            request = _Request(kind)
+        for i in range(0, len(items), self.batch_items):  # all sent at once, in requests of their own
+            request = _Request(RunRequest)
             request.items = items[i : i + self.batch_items]
             self._send(request)
             pending.append((request, 0, len(request.items)))
-        return pending
+        return self.collect(pending)
 
     def _send_after_linger(self) -> None:
         """The client's thread: sends the request being filled `linger_s` after its first item."""

@@ -31,9 +31,9 @@ class ServiceConfig(Section):
     max_batch: int = Field(256, ge=1, description="Most items in one request (more: 413).")
     client_batch_items: int = Field(
         64, ge=1, description="The trainer's handle sends the items of the submits it gets within `client_linger_ms` of "
-        "each other as one request of at most this many (and max_batch): a Serve request costs about 7 ms of CPU on its "
-        "way (the caller's router, the replica, the pool's dispatcher), as much as a small program's run "
-        "(bench/results.md, reward_service). Several requests of a step still spread over the replicas.")
+        "each other as one request of at most this many (and max_batch): a Serve request (the caller's router, the "
+        "replica, the pool) costs about as much as a small program's run (bench/results.md, reward_service, which "
+        "derives it). Several requests of a step still spread over the replicas.")
     client_linger_ms: float = Field(
         5.0, ge=0, description="How long a submit's items wait for others to join their request (0: each submit is "
         "sent at once, in requests of its own); `collect` sends a waiting request at once.")

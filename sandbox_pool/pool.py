@@ -57,7 +57,8 @@ RETRY_START_S = (1.0, 30.0)  # after a failed start, wait this long (doubling pe
 CALL_MARGIN_S = 30.0  # past a run's own limit and the backend's margin: the executor is stuck
 # Runs an executor holds per slot: one in it and two waiting for it, so that its slots never wait for
 # a round trip to the dispatcher and its results come back about 2 x `concurrency_per_executor` per
-# call (at 2, twice the calls cost 0.03 of the pool's programs/s: bench/results.md, reward_service).
+# call (at 2, twice the calls cost the pool about 0.03 of its programs/s, measured once against the fork
+# servers alone: a Ray call costs about as much CPU as a small program).
 HELD_PER_SLOT = 3
 TICK_S = 1.0
 RETIRE_S = 30.0  # an idle executor's close() may take this long before its actor is ended

@@ -51,7 +51,7 @@ def test_syntax_error_means_does_not_compile():
     assert syntax_error("x = 1\x00") is not None
 
 
-def test_reward_components_and_dedupe(ray_cluster):
+def test_reward_components_and_dedupe():
     pool = ScriptedPool([Status.passed, Status.failed])
     scorer = RewardScorer(pool, Limits(), RewardWeights())
     right = TASK.reference[len(TASK.prompt):]
@@ -66,14 +66,14 @@ def test_reward_components_and_dedupe(ray_cluster):
     assert rewards[1].feedback.startswith("Does not compile: SyntaxError: '(' was never closed (line ")
 
 
-def test_sandbox_failure_is_raised_not_scored(ray_cluster):
+def test_sandbox_failure_is_raised_not_scored():
     # the pool has run the request again already (sandbox_pool.pool): a failure here is final
     scorer = RewardScorer(ScriptedPool([Status.passed, Status.infra_error]), Limits(), RewardWeights())
     with pytest.raises(SandboxInfraError, match="1 of 2 programs hit a sandbox failure; first: task"):
         scorer.score([TASK, TASK], ["    return 0\n", "    return 1\n"])
 
 
-def test_weights_model_and_lint_component(ray_cluster):
+def test_weights_model_and_lint_component():
     """Lint runs the real Ruff; its penalty is weighted, saturates, and is reported on its own."""
     weights = RewardWeights(syntax=0.1, functionality=1.0, lint=0.5, lint_saturation=2)
     scorer = RewardScorer(ScriptedPool([Status.passed, Status.passed, Status.failed]), Limits(), weights=weights)
