@@ -252,15 +252,21 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
     if learner.lora is None and (learner.kl_coef > 0 or (learner.kl_coef_final or 0) > 0):
         parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
     tokens = learner.max_tokens_per_micro_batch
-    per_token = arch.layers * arch.activation_bytes_per_token_per_layer(b) + arch.activation_bytes_per_token_outside_layers(b)
+    per_layer = arch.activation_bytes_per_token_per_layer(b)
+    if learner.gradient_checkpointing:
+        # each layer's input alone is kept, and the layer being recomputed holds all of its own
+        kept, kept_note = arch.layers * arch.hidden * b + per_layer, f"{arch.layers} layer inputs x {arch.hidden * b:,} B + one layer's {per_layer:,} B"
+    else:
+        kept, kept_note = arch.layers * per_layer, f"{arch.layers} layers x {per_layer:,} B"
+    per_token = kept + arch.activation_bytes_per_token_outside_layers(b)
     parts["activations"] = tokens * per_token
     # the head on a chunk at a time: its logits, the fp32 log-softmax and its gradient
     parts["logits"] = min(learner.logit_chunk_tokens, tokens) * arch.vocab * 4 * 3
     parts["runtime"] = CUDA_CONTEXT_BYTES if on_gpu else LEARNER_PROCESS_BYTES
     notes = [f"learner rank: {learner.dtype} ZeRO-{stage} over {world} ranks; {trained:,} of {n:,} parameters train"
              f"{' (LoRA)' if learner.lora else ''}; activations {per_token / 1024:.1f} KiB per token "
-             f"({arch.layers} layers x {arch.activation_bytes_per_token_per_layer(b):,} B + "
-             f"{arch.activation_bytes_per_token_outside_layers(b):,} B) x learner.max_tokens_per_micro_batch={tokens}; "
+             f"({kept_note} + {arch.activation_bytes_per_token_outside_layers(b):,} B"
+             f"{'; learner.gradient_checkpointing' if learner.gradient_checkpointing else ''}) x learner.max_tokens_per_micro_batch={tokens}; "
              f"logits: min(learner.logit_chunk_tokens={learner.logit_chunk_tokens}, {tokens}) x {arch.vocab:,} x 4 B x 3"]
     return parts, notes
 
@@ -378,7 +384,8 @@ def plan(config, cluster: dict | None = None, cluster_name: str | None = None) -
     actors = [
         Actor("driver", 1, nodes[head], "cpu", {"runtime": DRIVER_BYTES + RAY_HEAD_BYTES}, "(the controller and Ray's head processes)"),
         Actor("learner rank", config.learner.num_ranks, learner_node, "gpu" if learner_gpu else "cpu", learner_parts,
-              "raise learner.zero_stage or learner.num_ranks, or lower learner.max_tokens_per_micro_batch",
+              "raise learner.zero_stage or learner.num_ranks, or lower learner.max_tokens_per_micro_batch"
+              + ("" if config.learner.gradient_checkpointing else ", or set learner.gradient_checkpointing"),
               {**config.learner.resources, **({"GPU": 1} if learner_gpu else {})},
               GPU_PROCESS_HOST_BYTES if learner_gpu else 0.0),
         Actor("rollout worker", config.rollout.num_workers, rollout_node, "gpu" if rollout_gpu else "cpu", rollout_parts,

@@ -126,7 +126,7 @@ class Learner(WeightSource):
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id
-        model = load_causal_lm(self.model_path)
+        model = self._trainable(load_causal_lm(self.model_path))
         self.shared_value = config.advantage_estimator == "ppo" and config.value_model == "shared"
         if self.shared_value:
             add_value_head(model)
@@ -180,8 +180,15 @@ class Learner(WeightSource):
             module = self.engine.module
             state = lora.merged_weights(module) if lora.is_peft(module) else module.state_dict()
             weights = {name: t.detach().clone() for name, t in policy_state(state).items()}
-        model = load_causal_lm(self.model_path)
+        model = self._trainable(load_causal_lm(self.model_path))
         model.load_state_dict(weights)
+        return model
+
+    def _trainable(self, model):
+        """`model` as it trains here: with learner.gradient_checkpointing, each decoder layer is
+        recomputed in the backward from its input (non-reentrant: no input needs a gradient)."""
+        if self.config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model
 
     def _value_model(self):

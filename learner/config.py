@@ -77,6 +77,12 @@ class LearnerConfig(Section):
         "max_tokens_per_micro_batch makes a micro-batch one row, none at all; the attention of a row costs its width "
         "squared except with flash attention's varlen kernel (a GPU), so on a CPU the longest sequence is the cheapest.",
     )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Keep only each decoder layer's input for the backward and recompute the layer there (transformers' "
+        "non-reentrant checkpointing): a micro-batch's activations shrink from every layer's intermediates to one "
+        "layer's, for one more forward pass of compute. `coderloo plan` counts it.",
+    )
     logit_chunk_tokens: int = Field(
         default=512, ge=1,
         description="Tokens whose logits are computed at once (learner/logits.py): the language-model head, the fp32 "

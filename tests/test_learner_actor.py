@@ -30,6 +30,29 @@ def saved_weights(learner: LearnerGroup, path) -> dict[str, torch.Tensor]:
     return {**model.state_dict(), "lm_head.weight": model.get_output_embeddings().weight}
 
 
+def test_gradient_checkpointing_takes_the_same_step(ray_cluster, tiny_model, tmp_path):
+    """Recomputing each layer in the backward changes what the step keeps, not the update it makes."""
+    _, sequences = batch(tiny_model)
+    steps = {}
+    for checkpointing in (False, True):
+        config = LearnerConfig(optimizer_steps=1, max_tokens_per_micro_batch=256, gradient_checkpointing=checkpointing)
+        learner = LearnerGroup(str(tiny_model), config)
+        try:
+            engaged = ray.get(learner.ranks[0].__ray_call__.remote(lambda self: self.engine.module.is_gradient_checkpointing))
+            assert engaged == checkpointing
+            stats = learner.train_step(sequences, loss(config))
+            steps[checkpointing] = stats, saved_weights(learner, tmp_path / str(checkpointing))
+        finally:
+            learner.kill()
+    (off_stats, off), (on_stats, on) = steps[False], steps[True]
+    assert off_stats["grad_norm"] > 0
+    assert on_stats["grad_norm"] == pytest.approx(off_stats["grad_norm"], rel=1e-6)
+    initial = load_causal_lm(tiny_model).state_dict()
+    assert any(not torch.equal(off[n], initial[n]) for n in initial)
+    for name in initial:
+        torch.testing.assert_close(on[name], off[name], rtol=0, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, tmp_path, stage):
     config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256)
