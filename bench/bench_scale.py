@@ -7,8 +7,8 @@ then the final checkpoint reloaded in vLLM by `coderloo eval`.
 Each run: 3 RL steps of 4 prompts x 4 samples (vLLM in bf16, 2 learner ranks in bf16, the
 bucketed weight push, a checkpoint at the end and the final evaluation on it). Peak memory per
 actor is the kernel's high-water mark of resident memory (VmHWM) since the actor started, with
-its unsampled descendants (coderloo/resources.py), read after every step; the driver's is this
-process's, which builds the model once (the ZeRO-2 run) and loads the tasks.
+its unsampled descendants (coderloo/resources.py), read after every step; the driver's is that of
+the stage's own process, which loads the tasks (and, in the first run, builds the model).
 """
 from __future__ import annotations
 
@@ -46,8 +46,15 @@ def measured_mb(peaks: dict[str, float], prefix: str) -> float:
     return max((v for a, v in peaks.items() if a.startswith(prefix)), default=0.0)
 
 
-def run(stage: int, out: Path) -> dict:
+def train_stage(stage: int, out: Path) -> None:
     train(load_config(CONFIG, [f"train.output_dir={out}", f"learner.zero_stage={stage}"]))
+
+
+def run(stage: int, out: Path) -> dict:
+    """One stage's run, its driver a process of its own (as a user's `coderloo train`: a driver
+    that built the model or ran the other stage holds memory it does not give back)."""
+    child = subprocess.run([sys.executable, "-m", "bench.bench_scale", str(stage), str(out)], check=True, stdout=subprocess.PIPE, text=True)
+    print(child.stdout, end="")
     records = read_metrics(out / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     resources = [r for r in records if r["phase"] == "resources"]
@@ -56,7 +63,7 @@ def run(stage: int, out: Path) -> dict:
         for key, value in r.items():
             if key.startswith("peak_rss_mb/"):
                 peaks[key.split("/", 1)[1]] = max(peaks.get(key.split("/", 1)[1], 0.0), value)
-    return {"rl": rl, "peaks": peaks, "sync_mb": rl[-1]["sync_bytes"] / 2**20}
+    return {"rl": rl, "peaks": peaks, "sync_mb": rl[-1]["sync_bytes"] / 2**20, "failed_pushes": child.stdout.count("weight push failed")}
 
 
 def evaluate(checkpoint: Path, out: Path) -> dict:
@@ -72,7 +79,8 @@ def main() -> list[dict]:
     report = evaluate(root / "zero2" / "checkpoints" / "final", root / "eval.json")
     print(f"{CONFIG}: Qwen2.5-Coder-0.5B's shapes (494M parameters), 2 learner ranks in bf16, vLLM in bf16, on CPU")
     for stage, r in results.items():
-        print(f"\nZeRO-{stage}: step timeline (s); each push moved {r['sync_mb']:.0f} MiB")
+        print(f"\nZeRO-{stage}: step timeline (s); each push moved {r['sync_mb']:.0f} MiB; "
+              f"{r['failed_pushes']} of {len(r['rl'])} pushes failed and were made again after the rollout workers recovered")
         print("  step " + "".join(f"{label:>15s}" for label in TIMELINE.values()))
         for record in r["rl"]:
             print(f"  {record['step']:4d} " + "".join(f"{record.get(key, 0.0):15.1f}" for key in TIMELINE))
@@ -93,4 +101,7 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1:
+        train_stage(int(sys.argv[1]), Path(sys.argv[2]))
+    else:
+        main()

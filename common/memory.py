@@ -90,3 +90,13 @@ def remove_cgroup(cgroup: str) -> None:
         os.rmdir(cgroup)
     except OSError:
         pass
+
+
+def return_free_memory() -> bool:
+    """Give the heap's free pages back to the kernel (glibc's malloc_trim): memory a step freed,
+    its transients (activations, the optimizer's temporaries), otherwise stays resident in the
+    process until it is reused. False where the C library has no malloc_trim."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False
