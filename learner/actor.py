@@ -350,7 +350,6 @@ class Learner(WeightSource):
                 total += loss.item() / self.world_size
                 finite = finite and math.isfinite(total)
             skipped += not self._step(finite)
-        return_free_memory()
         return {"sft_loss_sum": total, "grad_norm": self.grad_norm, "skipped_optimizer_steps": float(skipped)}
 
     def _step(self, finite: bool = True) -> bool:
