@@ -34,12 +34,12 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 
 # A long run of the default pipeline that samples what each process holds, then the verdict
-# (coderloo/soak.py); exits non-zero when a series grows. It replaces the last soak's runs/soak.
+# (coderloo/ops/soak.py); exits non-zero when a series grows. It replaces the last soak's runs/soak.
 # SOAK_STEPS shortens it (a check of the soak itself).
 SOAK_STEPS ?= 1000
 soak: $(STAMP)
 	$(VENV)/bin/coderloo train --config configs/soak.yaml --overwrite train.steps=$(SOAK_STEPS) $(ARGS)
-	$(PY) -m coderloo.soak runs/soak --chart bench/plots/soak.png --results bench/results.md
+	$(PY) -m coderloo.ops.soak runs/soak --chart bench/plots/soak.png --results bench/results.md
 
 # --- On a Ray cluster (README: "On a Ray cluster") ---
 CLUSTER ?= cluster.yaml
@@ -47,7 +47,7 @@ JOB_ADDRESS ?= http://127.0.0.1:8265
 
 # Ray's cluster schema, and CONFIG's actors against the node types.
 cluster-check: $(STAMP)
-	$(PY) -m coderloo.cluster_files $(CLUSTER) --config $(CONFIG)
+	$(PY) -m coderloo.ops.cluster_files $(CLUSTER) --config $(CONFIG)
 
 cluster-up: cluster-check
 	$(VENV)/bin/ray up -y $(CLUSTER)
@@ -66,10 +66,10 @@ cluster-down: $(STAMP)
 
 # cluster-local.yaml: the same workflow on this machine (Ray's fake multi-node provider).
 local-cluster-up: $(STAMP)
-	$(PY) -m coderloo.local_cluster up
+	$(PY) -m coderloo.ops.local_cluster up
 
 local-cluster-down: $(STAMP)
-	$(PY) -m coderloo.local_cluster down
+	$(PY) -m coderloo.ops.local_cluster down
 
 clean:
 	rm -rf $(VENV) .cache runs

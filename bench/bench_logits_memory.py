@@ -81,7 +81,7 @@ def planned_step_mb(checkpointing: bool) -> float:
     """`coderloo plan`'s activations, logits and gradients of one rank that holds them all (ZeRO-0),
     at this micro-batch, for the 0.5B shape in bf16 (MB)."""
     from coderloo.config import load_config
-    from coderloo.plan import plan
+    from coderloo.ops.plan import plan
 
     config = load_config("configs/scale-0.5b.yaml", ["learner.num_ranks=1", "learner.zero_stage=0", f"learner.max_tokens_per_micro_batch={TOKENS}",
                                                      f"learner.logit_chunk_tokens={CHUNK_TOKENS}", f"learner.gradient_checkpointing={str(checkpointing).lower()}"])

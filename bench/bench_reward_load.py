@@ -24,7 +24,7 @@ import psutil
 import requests
 
 from bench.plots import comparison
-from coderloo.resources import node_actors
+from coderloo.ops.resources import node_actors
 
 CLIENTS = (1, 8, 32, 64)
 BATCH = 8
@@ -54,7 +54,7 @@ def bodies() -> list[tuple[bytes, list[bool]]]:
 
 def serve_rss_mb() -> dict[str, float]:
     """Resident memory (MB) of each live Serve replica and of the HTTP proxy, by their labels in
-    coderloo.resources (reward-replica-N, serve-proxy)."""
+    coderloo.ops.resources (reward-replica-N, serve-proxy)."""
     out = {}
     for label, pid in node_actors().items():
         if label.startswith(("reward-replica", "serve-proxy")):

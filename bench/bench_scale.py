@@ -7,7 +7,7 @@ then the final checkpoint reloaded in vLLM by `coderloo eval`.
 Each run: 3 RL steps of 4 prompts x 4 samples (vLLM in bf16, 2 learner ranks in bf16, the
 bucketed weight push, a checkpoint at the end and the final evaluation on it). Peak memory per
 actor is the kernel's high-water mark of resident memory (VmHWM) since the actor started, with
-its unsampled descendants (coderloo/resources.py), read after every step; the driver's is that of
+its unsampled descendants (coderloo/ops/resources.py), read after every step; the driver's is that of
 the stage's own process, which loads the tasks (and, in the first run, builds the model).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from bench.plots import comparison
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
-from coderloo.plan import plan
+from coderloo.ops.plan import plan
 
 CONFIG = "configs/scale-0.5b.yaml"
 STAGES = (2, 3)
@@ -30,7 +30,7 @@ TIMELINE = {"time_generate_s": "generate", "time_score_tail_s": "score tail", "t
             "time_learn_s": "learn", "time_sync_s": "push", "time_step_s": "step"}
 
 
-# The plan's actors against the labels of the measured processes (coderloo/resources.py).
+# The plan's actors against the labels of the measured processes (coderloo/ops/resources.py).
 PLANNED = {"learner rank": "learner-", "rollout worker": "rollout-", "reward replica": "reward-replica-",
            "sandbox executor": "sandbox-", "driver": "driver"}
 

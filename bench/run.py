@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.plots import plot
-from coderloo.soak import write_section
+from coderloo.ops.soak import write_section
 
 BENCHMARKS = {
     "sandbox": "bench.bench_sandbox",

@@ -9,11 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from coderloo.cluster_files import ClusterFileError
+from coderloo.ops.cluster_files import ClusterFileError
 from coderloo.config import ConfigError, load_config
 from coderloo.console import RunConsole
 from coderloo.metrics import MetricsFileError, plot_training
-from coderloo.plan import PlanError
+from coderloo.ops.plan import PlanError
 from coderloo.report import write_report
 from coderloo.rundir import RunDirError, claim_report
 from coderloo.runtime import apply_env_defaults
@@ -170,7 +170,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from coderloo.plan import header, plan_from_files, table, write_header
+    from coderloo.ops.plan import header, plan_from_files, table, write_header
 
     plan = plan_from_files(_config(args), args.cluster)
     if args.write_header:

@@ -135,7 +135,7 @@ class TrainConfig(Section):
     resources_every: int = Field(
         default=10, ge=0, description="Every N RL steps, a `resources` record in metrics.jsonl: memory, descriptors and "
         "child processes of the driver and each actor on this node, /dev/shm, the run directory, leaked sandbox "
-        "processes (coderloo/resources.py; `python -m coderloo.soak RUN_DIR` judges them). 0: none.")
+        "processes (coderloo/ops/resources.py; `python -m coderloo.ops.soak RUN_DIR` judges them). 0: none.")
     output_dir: str = Field(default="runs/default", description="Where metrics, plots and checkpoints go.")
     seed: int = Field(default=0, description="Seed of task sampling.")
     replay_groups: int = Field(

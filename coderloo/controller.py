@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from coderloo.checkpoint import latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
-from coderloo.cluster_files import local_placement_problems
+from coderloo.ops.cluster_files import local_placement_problems
 from coderloo.config import Config, ConfigError, dump_config
 from coderloo.console import RunConsole
 from coderloo.curriculum import TaskDraw
@@ -31,7 +31,7 @@ from coderloo.loggers import RunLog, check_installed
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
 from coderloo.report import write_report
-from coderloo.resources import ResourceSampler
+from coderloo.ops.resources import ResourceSampler
 from coderloo.rundir import claim
 from coderloo.runtime import LOCAL_SANDBOX_SLOTS, REPO_ROOT, init_ray, metrics_endpoint
 from coderloo.tasksets.loading import load_tasks
@@ -291,7 +291,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
     critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
     try:
         rollouts_group.connect(learner.weight_sources)
-        resources = ResourceSampler(out) if config.train.resources_every else None  # the soak's series (coderloo/soak.py)
+        resources = ResourceSampler(out) if config.train.resources_every else None  # the soak's series (coderloo/ops/soak.py)
         rollout, learn = config.rollout, config.learner
         k = rollout.samples_per_prompt
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coderloo import local_cluster
+from coderloo.ops import local_cluster
 from coderloo.runtime import LOOPBACK_ENV
 from common.placement import free_port
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coderloo.cluster_files import ClusterFileError, main, placement_problems, validate_cluster_file
+from coderloo.ops.cluster_files import ClusterFileError, main, placement_problems, validate_cluster_file
 from coderloo.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The memory and placement plan (coderloo/plan.py): its parameter and activation counts against real
+"""The memory and placement plan (coderloo/ops/plan.py): its parameter and activation counts against real
 Qwen2 models, what it accepts and refuses, the command, and the GPU configs' headers it wrote."""
 from pathlib import Path
 
@@ -7,9 +7,9 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from coderloo.cli import main
-from coderloo.cluster_files import validate_cluster_file
+from coderloo.ops.cluster_files import validate_cluster_file
 from coderloo.config import load_config
-from coderloo.plan import HEADER_END, HEADER_START, PUBLISHED, Architecture, header, plan, plan_from_files
+from coderloo.ops.plan import HEADER_END, HEADER_START, PUBLISHED, Architecture, header, plan, plan_from_files
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [  # hidden, intermediate, layers, heads, kv heads, tied

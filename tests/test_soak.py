@@ -1,5 +1,5 @@
-"""The soak's verdict (coderloo/soak.py) on made-up series, and the resource sampler
-(coderloo/resources.py) on the real shared Ray cluster."""
+"""The soak's verdict (coderloo/ops/soak.py) on made-up series, and the resource sampler
+(coderloo/ops/resources.py) on the real shared Ray cluster."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from coderloo.resources import ResourceSampler, actor_label, node_actors
-from coderloo.soak import judge, main, resource_series, write_section
+from coderloo.ops.resources import ResourceSampler, actor_label, node_actors
+from coderloo.ops.soak import judge, main, resource_series, write_section
 
 
 def noisy(n: int, level: float, noise: float, slope: float = 0.0, every: int = 10, seed: int = 0) -> list[tuple[int, float]]:

@@ -1,7 +1,7 @@
-"""The soak's verdict: whether any resource a run holds (coderloo.resources, sampled into the
+"""The soak's verdict: whether any resource a run holds (coderloo.ops.resources, sampled into the
 `resources` records of its metrics.jsonl) grows as it runs.
 
-    python -m coderloo.soak RUN_DIR [--chart PNG] [--results bench/results.md]
+    python -m coderloo.ops.soak RUN_DIR [--chart PNG] [--results bench/results.md]
 
 prints a table (series, first, last, slope per 100 steps, verdict) and exits 1 when a series grows.
 
@@ -150,7 +150,7 @@ def write_section(results_md: Path, section: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coderloo.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m coderloo.ops.soak", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--chart", type=Path, help="write the series as a PNG here")
     parser.add_argument("--results", type=Path, help="put a `soak` section (chart and verdicts) in this Markdown file")
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         chart = f"![soak: memory, descriptors, processes over RL steps]({args.chart.resolve().relative_to(args.results.resolve().parent)})\n\n" if args.chart else ""
         write_section(args.results, f"## soak\n\n`make soak` (`coderloo train --config configs/soak.yaml`, then "
-                      f"`python -m coderloo.soak {args.run_dir}`)\n\n{summary}\n\n{chart}{table(results)}\n")
+                      f"`python -m coderloo.ops.soak {args.run_dir}`)\n\n{summary}\n\n{chart}{table(results)}\n")
     return 1 if failed else 0
 
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coderloo.cluster_files import placement_problems, validate_cluster_file
+from coderloo.ops.cluster_files import placement_problems, validate_cluster_file
 from coderloo.runtime import ENV_DEFAULTS, REPO_ROOT
 from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
 
@@ -331,10 +331,10 @@ def _nodes(cluster: dict) -> dict[str, Node]:
         host = t["resources"].get("memory") or (host_gib * GiB if host_gib else None)
         if host is None:
             raise PlanError(f"node type {name}: its memory is unknown (instance type {instance!r}): give it "
-                            f"`resources: {{memory: BYTES}}` or add the instance type to coderloo/plan.py INSTANCE_TYPES")
+                            f"`resources: {{memory: BYTES}}` or add the instance type to coderloo/ops/plan.py INSTANCE_TYPES")
         if t["resources"].get("GPU") and not gpu_gib:
             raise PlanError(f"node type {name}: offers GPUs of unknown memory (instance type {instance!r}): add it to "
-                            "coderloo/plan.py INSTANCE_TYPES")
+                            "coderloo/ops/plan.py INSTANCE_TYPES")
         count = 1 if name == cluster["head_node_type"] else t.get("max_workers", 0)
         nodes[name] = Node(name, host, gpu_name, gpu_gib * GiB, count, t["resources"])
     return nodes
@@ -358,7 +358,7 @@ def _local_node() -> Node:
 
 def plan(config, cluster: dict | None = None, cluster_name: str | None = None) -> Plan:
     """The plan of `config` (coderloo.config.Config) on `cluster` (a cluster file's config, as
-    coderloo.cluster_files.validate_cluster_file returns it; None: this machine)."""
+    coderloo.ops.cluster_files.validate_cluster_file returns it; None: this machine)."""
     arch, source = architecture(config.model)
     local = cluster is None or cluster["provider"].get("type") == "fake_multinode"  # fake nodes share this machine
     gpu_config = config.learner.device == "cuda" or config.rollout.gpus_per_worker > 0

@@ -2,8 +2,8 @@
 cluster-local.yaml and starts each node the autoscaler asks for as local Ray processes, so
 autoscaling works here as on a cloud cluster.
 
-    python -m coderloo.local_cluster up      # head on 127.0.0.1:6379, dashboard on :8265
-    python -m coderloo.local_cluster down    # this cluster's processes only
+    python -m coderloo.ops.local_cluster up      # head on 127.0.0.1:6379, dashboard on :8265
+    python -m coderloo.ops.local_cluster down    # this cluster's processes only
 
 `down` stops only the processes of the cluster `up` started (found by its own temp directory),
 not other Ray instances on the machine, as `ray stop` would.
@@ -85,14 +85,14 @@ def start(port: int = 6379, dashboard_port: int = 8265, head_cpus: int = 4, conf
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m coderloo.local_cluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m coderloo.ops.local_cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--port", type=int, default=6379, help="the head's GCS port")
     parser.add_argument("--dashboard-port", type=int, default=8265)
     args = parser.parse_args(argv)
     if args.action == "up":
         if STATE_FILE.exists():
-            sys.exit(f"a local cluster is up already ({STATE_FILE}); `python -m coderloo.local_cluster down` first")
+            sys.exit(f"a local cluster is up already ({STATE_FILE}); `python -m coderloo.ops.local_cluster down` first")
         cluster = start(args.port, args.dashboard_port)
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
         STATE_FILE.write_text(json.dumps(asdict(cluster)))

@@ -1,7 +1,7 @@
 """Checks of a cluster file before `ray up`: Ray's cluster schema, and that a training config's
 actors fit its node types (the custom resources they ask for are offered, the GPUs suffice).
 
-    python -m coderloo.cluster_files cluster.yaml --config configs/qwen2.5-coder-7b.yaml
+    python -m coderloo.ops.cluster_files cluster.yaml --config configs/qwen2.5-coder-7b.yaml
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def local_placement_problems(config, resources: dict[str, float]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from coderloo.config import ConfigError, load_config
 
-    parser = argparse.ArgumentParser(prog="python -m coderloo.cluster_files", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m coderloo.ops.cluster_files", description=__doc__.split("\n\n")[0])
     parser.add_argument("cluster_file")
     parser.add_argument("--config", help="a training config whose actors must fit the cluster")
     args = parser.parse_args(argv)

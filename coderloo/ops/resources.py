@@ -1,7 +1,7 @@
 """What a run holds on its node, sampled as it runs: the memory, open file descriptors and child
 processes of the driver, of every Ray actor on this node and of Ray's own node processes, plus
 /dev/shm, the run directory and processes the sandbox left behind. The controller writes a sample
-every `train.resources_every` RL steps as a `resources` record of metrics.jsonl; `coderloo.soak`
+every `train.resources_every` RL steps as a `resources` record of metrics.jsonl; `coderloo.ops.soak`
 decides from those records whether anything grows.
 
 Each process is one series under a stable label (`learner-0`, `rollout-1`, `sandbox-0`,
