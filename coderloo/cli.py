@@ -9,10 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from coderloo.ops.cluster_files import ClusterFileError
 from coderloo.config import ConfigError, load_config
 from coderloo.console import RunConsole
 from coderloo.metrics import MetricsFileError, plot_training
+from coderloo.ops.cluster_files import ClusterFileError
 from coderloo.ops.plan import PlanError
 from coderloo.report import write_report
 from coderloo.rundir import RunDirError, claim_report

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import threading
@@ -22,18 +21,18 @@ import torch
 from tqdm import tqdm
 
 from coderloo.checkpoint import latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
-from coderloo.ops.cluster_files import local_placement_problems
-from coderloo.config import Config, ConfigError, dump_config
+from coderloo.config import Config, dump_config
 from coderloo.console import RunConsole
 from coderloo.curriculum import TaskDraw
 from coderloo.evaluation import evaluate
 from coderloo.loggers import RunLog, check_installed
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
-from coderloo.report import write_report
+from coderloo.ops.cluster_files import check_local_resources
 from coderloo.ops.resources import ResourceSampler
+from coderloo.report import write_report
 from coderloo.rundir import claim
-from coderloo.runtime import LOCAL_SANDBOX_SLOTS, REPO_ROOT, init_ray, metrics_endpoint
+from coderloo.runtime import REPO_ROOT, init_ray, metrics_endpoint
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from common.hf import load_tokenizer
@@ -47,12 +46,10 @@ from reward_service.client import RewardClient
 from reward_service.schemas import ItemReward
 from rollout_workers import GenerationParams, RolloutGroup, Rollouts, WeightSyncError, start_workers
 from rollout_workers.config import PromptConfig
-from rollout_workers.prompts import chat_answer, render, uses_chat_template
 from rollout_workers.demonstrations import demonstrations
 from rollout_workers.environments import make_environment
+from rollout_workers.prompts import chat_answer, render, uses_chat_template
 from rollout_workers.strategies import SingleAttempt, make_strategy
-from sandbox_pool import Status
-from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
 
 
 def resolve(path: str) -> Path:
@@ -103,18 +100,9 @@ def generation_seed(config: Config, step: int, purpose: int) -> int:
     return (config.train.seed * 1_000_003 + step * 7919 + purpose * 104_729) % (2**31 - 1_000)
 
 
-# The critic's outcome classes (CodeRL's) from the sandbox's statuses. A test that raises counts as
-# a failed test (the sandbox's `failed`: the program ran and a test did not pass); `runtime_error`
-# is a program that raised or crashed before its tests finished, or ran out of time or memory.
-CRITIC_CLASS = {
-    Status.syntax_error: "syntax_error", Status.runtime_error: "runtime_error", Status.timeout: "runtime_error",
-    Status.memory_exceeded: "runtime_error", Status.failed: "failed", Status.passed: "passed",
-}
-
-
 def critic_label(reward: ItemReward) -> int | None:
-    """The index in the critic's OUTCOMES of a scored program; None for a sandbox failure."""
-    name = CRITIC_CLASS.get(reward.status)
+    """The index in the critic's OUTCOMES of a scored program's class; None for a sandbox failure."""
+    name = reward.outcome_class
     return None if name is None else OUTCOMES.index(name)
 
 
@@ -221,21 +209,6 @@ class SkippedSteps:
                 f"(train.max_skipped_steps {self.limit}); the run stops with the weights of before them. "
                 + (f"The last checkpoint, {last}, is intact: `--resume` continues from it (after lowering learner.lr, "
                    "or fixing what makes the rewards or advantages non-finite)." if last else "No checkpoint was written yet."))
-
-
-def check_local_resources(config: Config) -> None:
-    """A local cluster's actors fit this machine (or the local cluster this process already
-    runs), before anything is written: else they would wait forever for a GPU or a resource no
-    node offers. A cluster's node types are checked against the config by `make cluster-check`."""
-    if config.ray_address:
-        return
-    if ray.is_initialized():
-        resources = ray.cluster_resources()
-    else:
-        resources = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count()), SANDBOX_RESOURCE: LOCAL_SANDBOX_SLOTS}
-    problems = local_placement_problems(config, resources)
-    if problems:
-        raise ConfigError("this config's actors do not fit the local Ray cluster:\n  " + "\n  ".join(problems))
 
 
 def train(config: Config, resume: bool = False, overwrite: bool = False, verbose: bool = False) -> dict:

@@ -63,6 +63,15 @@ class Diagnostic(BaseModel):
     end_column: int
 
 
+# The program's outcome in CodeRL's four classes (what the critic learns). A test that raises counts
+# as a failed test (the program ran and a test did not pass); `runtime_error` is a program that
+# raised or crashed before its tests finished, or ran out of time or memory.
+OUTCOME_CLASS = {
+    Status.syntax_error: "syntax_error", Status.runtime_error: "runtime_error", Status.timeout: "runtime_error",
+    Status.memory_exceeded: "runtime_error", Status.failed: "failed", Status.passed: "passed",
+}
+
+
 class ItemReward(BaseModel):
     components: Components
     total: float = Field(description="The weighted sum of the components (lint subtracted).")
@@ -78,6 +87,12 @@ class ItemReward(BaseModel):
     token_penalties: list[float] | None = Field(
         None, description="The lint and syntax penalties within token_rewards, on the tokens that caused them (the "
         "rest of token_rewards is the outcome spread over the code); null when no token ids were given.")
+
+    @property
+    def outcome_class(self) -> str | None:
+        """The outcome's class (OUTCOME_CLASS): syntax_error, runtime_error, failed or passed; None
+        when the sandbox failed, not the program (infra_error)."""
+        return OUTCOME_CLASS.get(self.status)
 
 
 class RewardResponse(BaseModel):

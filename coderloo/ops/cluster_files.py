@@ -6,6 +6,7 @@ actors fit its node types (the custom resources they ask for are offered, the GP
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def local_placement_problems(config, resources: dict[str, float]) -> list[str]:
                         f"{resources.get('CPU', 0):g}")
     return [f"{p} (local cluster: {', '.join(f'{v:g} {k}' for k, v in sorted(resources.items()) if k in ('CPU', 'GPU', SANDBOX_RESOURCE))})"
             for p in problems]
+
+
+def check_local_resources(config) -> None:
+    """A local cluster's actors fit this machine (or the local cluster this process already
+    runs), before anything is written: else they would wait forever for a GPU or a resource no
+    node offers. A cluster's node types are checked against the config by `make cluster-check`."""
+    import ray
+    import torch
+
+    from coderloo.config import ConfigError
+    from coderloo.runtime import LOCAL_SANDBOX_SLOTS
+
+    if config.ray_address:
+        return
+    if ray.is_initialized():
+        resources = ray.cluster_resources()
+    else:
+        resources = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count()), SANDBOX_RESOURCE: LOCAL_SANDBOX_SLOTS}
+    problems = local_placement_problems(config, resources)
+    if problems:
+        raise ConfigError("this config's actors do not fit the local Ray cluster:\n  " + "\n  ".join(problems))
 
 
 def main(argv: list[str] | None = None) -> int:
