@@ -114,3 +114,27 @@ def test_the_readme_is_short_and_links_the_docs():
     assert "make test" in readme and "make train" in readme
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (REPO / link).exists(), link
+
+
+def _schema_paths(model: type[BaseModel], prefix: str, models_in, out: set[str]) -> set[str]:
+    for name, info in model.model_fields.items():
+        out.add(prefix + name)
+        for sub in models_in(info.annotation):
+            _schema_paths(sub, f"{prefix}{name}.", models_in, out)
+    return out
+
+
+def test_config_paths_named_in_the_docs_exist():
+    """A dotted field path in the docs (`learner.kl`, `train.max_staleness=0`) is one the schema has."""
+    from coderloo.config import Config
+
+    paths = _schema_paths(Config, "", _hooks().models_in, set())
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    stale = []
+    for path in files:
+        for match in re.finditer(r"`([a-z_]+(?:\.[a-z_0-9]+)+)(?:[=:][^`]*)?`", path.read_text()):
+            name = match.group(1)
+            if name.split(".")[0] in Config.model_fields and name.rsplit(".", 1)[1] not in {"pt", "py", "yaml", "json"}:
+                if name not in paths:
+                    stale.append(f"{path.name}: {name}")
+    assert not stale, stale
