@@ -62,8 +62,8 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, metrics_ex
         _node_ip_address="127.0.0.1",
         _metrics_export_port=metrics_export_port,
         # Metrics reach the endpoint every 2 s rather than 10 s: a short run shows on it. The GCS
-        # keeps the events of the last 10,000 tasks (Ray's default, 100,000, grew its memory
-        # by about 0.6 MB a step for thousands of steps in the soak; without the dashboard nothing
+        # keeps the events of the last 10,000 tasks (with Ray's default, 100,000, its memory grew
+        # step after step in the soak: bench/results.md, "soak"; without the dashboard nothing
         # reads them).
         _system_config={"metrics_report_interval_ms": 2000, "task_events_max_num_task_in_gcs": 10_000},
         runtime_env={"env_vars": env_vars},

@@ -313,8 +313,8 @@ class Learner(WeightSource):
         totals["sequence_tokens_sum"] = float(sum(b.sequence_tokens for micros, _, _ in minis for b in micros))
         totals["batch_tokens_sum"] = float(sum(b.input_ids.numel() for micros, _, _ in minis for b in micros))  # padding included
         # What the step freed leaves the process before the push and the next step's rollouts need
-        # memory (a one-off measurement, 0.5B shapes, ZeRO-3, 2 ranks, the learner alone: 8.2 and
-        # 7.0 GB resident after a step, 5.7 and 5.6 GB after this).
+        # memory: glibc keeps a fragmented heap's freed pages otherwise (a one-off measurement:
+        # bench/results.md, "one-off measurements").
         return_free_memory()
         return totals
 

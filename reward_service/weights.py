@@ -7,10 +7,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class RewardWeights(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # A syntax weight near the functionality weight was measured to collapse a weak policy onto
-    # "compiles, passes nothing" (on the tiny model, syntax 0.3 with functionality 0.5 took the
-    # training pass rate from 5% to 0 within 20 RL steps): it stays
-    # a small shaping term. The lint penalty is off by default for the same reason: a weak policy
+    # A syntax weight near the functionality weight collapses a weak policy onto "compiles, passes
+    # nothing" (a one-off run: bench/results.md, "one-off measurements"), so it stays a small
+    # shaping term. The lint penalty is off by default for the same reason: a weak policy
     # earns more by writing less (an empty body has no diagnostics) than by passing tests.
     # Performance is off too: the small programs of the task sets run in milliseconds, where the
     # sandbox's start-up dominates the measured time, so the signal is mostly noise there.
