@@ -137,7 +137,7 @@ def show_default(info: FieldInfo) -> str:
         text = json.dumps(value, default=lambda v: v.model_dump() if isinstance(v, BaseModel) else str(v))
     except ValueError:
         text = str(value)
-    return f"`{_cell(text)}`"
+    return _code(text.replace("`", "'"))
 
 
 def _discriminator_value(value: BaseModel) -> str | None:
@@ -174,7 +174,13 @@ def _tag(model: type[BaseModel], discriminator: str | None) -> str | None:
 # --- rendering ----------------------------------------------------------------------------------
 
 def _cell(text: str) -> str:
-    return re.sub(r"\s+", " ", text).replace("|", "\\|").strip()
+    """One line for a table cell: a `|` is escaped outside code spans (inside them it splits no cell)."""
+    parts = re.sub(r"\s+", " ", text).strip().split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
+
+
+def _code(text: str) -> str:
+    return "`" + re.sub(r"\s+", " ", text).strip() + "`"
 
 
 def _anchor(path: str) -> str:
@@ -215,7 +221,7 @@ def _render_field(out: list[str], path: str, info: FieldInfo, level: int, seen: 
         if info.description:
             out += [info.description.strip(), ""]
         key = f"chosen by `{discriminator}`" if discriminator else "one of"
-        out += [f"Type `{_cell(type_name(info.annotation))}`, default {show_default(info)}; {key}:", ""]
+        out += [f"Type {_code(type_name(info.annotation))}, default {show_default(info)}; {key}:", ""]
         for model in models:
             tag = _tag(model, discriminator)
             label = f"`{discriminator}: {tag}`" if tag else f"`{model.__name__}`"
@@ -236,8 +242,7 @@ def _render_model(out: list[str], path: str, model: type[BaseModel], level: int,
     if info is not None:
         if info.description:
             out += [info.description.strip(), ""]
-        kind = _cell(type_name(info.annotation))
-        out += [f"Type `{kind}`, default {show_default(info)}.", ""]
+        out += [f"Type {_code(type_name(info.annotation))}, default {show_default(info)}.", ""]
     if _doc(model):
         out += [_doc(model), ""]
     if model in seen:  # a model that holds itself: described once, above
@@ -256,7 +261,7 @@ def _table(model: type[BaseModel], path: str, fields: list[tuple[str, FieldInfo]
     for name, info in fields:
         kind = type_name(info.annotation)
         bounds = constraints(info)
-        kind_cell = f"`{_cell(kind)}`" + (f" ({_cell(bounds)})" if bounds else "")
+        kind_cell = _code(kind) + (f" ({_cell(bounds)})" if bounds else "")
         full = f"{path}.{name}" if path else name
         description = _cell(info.description or "")
         if models_in(info.annotation):

@@ -68,10 +68,12 @@ def test_a_made_up_schema_with_a_discriminated_union():
     assert "`eps`" in clip and "`tau_pos`" not in clip
     assert "`tau_pos`" in soft.split("###")[0] and "`eps`" not in soft.split("###")[0]
     assert "chosen by `type`" in text and "[`type: soft`](#cfg-learner-loss-soft)" in text
-    # Types, bounds, defaults (a factory's too), descriptions; a `|` in a description cannot break the table.
+    # Types, bounds, defaults (a factory's too), descriptions; a `|` in a description cannot break the
+    # table, and one in a code span needs no escape (it would show).
     assert "| `eps` | `float` (> 0) | `0.2` | Clip range \\| both sides. |" in text
-    assert "| `loss` | `Clip \\| Soft` | `type: clip` |" in text
-    assert "| `mode` | `\"token\" \\| \"sequence\"` | `\"token\"` |" in text
+    assert "| `loss` | `Clip | Soft` | `type: clip` |" in text
+    assert "| `mode` | `\"token\" | \"sequence\"` | `\"token\"` |" in text
+    assert "Type `Clip | Soft`, default `type: clip`; chosen by `type`:" in text
     # Optional, list and dict of models are walked too.
     assert "### `learner.kl` { #cfg-learner-kl }" in headings
     assert "### `learner.adapters[]` { #cfg-learner-adapters }" in headings
