@@ -12,17 +12,17 @@ same seed and sampling), each evaluated at its end on the held-out tasks:
   final evaluation reports its best-of-8 pick (pass@1_critic) against a random pick of the same 8
   samples (pass@1_random), a majority vote and a critic-weighted vote among them, and its
   held-out accuracy and AUC at the last step.
-- rloo+dense: learner.dense_rewards, the reward service's per-token rewards on top of RLOO.
+- rloo+dense: learner.advantage.dense, the reward service's per-token rewards on top of RLOO.
 - rloo+refine: configs/refine.yaml, up to 3 attempts per sample from execution feedback, RLOO over
   each trajectory's outcome, its SFT with refinement demonstrations; evaluation reports pass@1
   after rounds 1, 2 and 3 (bench/bench_multi_turn.py sets it against single turns and the code
   interpreter). (It generates more than the others per step: the failed samples' rewrites.)
-- reinforce: no baseline at all (learner.advantage_estimator=reinforce, no whitening, which would
+- reinforce: no baseline at all (learner.advantage.type=reinforce, no whitening, which would
   subtract the batch mean): what the leave-one-out baseline buys.
 - ppo+dense: configs/ppo.yaml without its KL term: a value model (its own engine) and GAE over the
   dense rewards, so that against rloo+dense only the estimator differs; the value model's cost is
   the learner's time per step and peak memory against rloo+dense's. ppo+dense+shared: the same
-  with the value head on the policy's backbone (learner.value_model shared).
+  with the value head on the policy's backbone (learner.advantage.value_model shared).
 - dapo, dr-grpo, gspo: configs/dapo.yaml, configs/dr-grpo.yaml and configs/gspo.yaml, each the
   default with its paper's settings (see each file). DAPO's dynamic sampling draws more prompts
   when groups are uniform: it generates more than the others per step (the samples column).
@@ -43,11 +43,11 @@ from coderloo.metrics import read_metrics
 STEPS = int(os.environ.get("BENCH_ALGORITHMS_STEPS", "60"))
 VARIANTS = {  # name: (config file, overrides)
     "rloo": ("configs/default.yaml", ["critic.enabled=true"]),
-    "rloo+dense": ("configs/default.yaml", ["learner.dense_rewards=true"]),
+    "rloo+dense": ("configs/default.yaml", ["learner.advantage.dense={}"]),
     "rloo+refine": ("configs/refine.yaml", []),
-    "reinforce": ("configs/default.yaml", ["learner.advantage_estimator=reinforce", "learner.normalize_advantages=false"]),
-    "ppo+dense": ("configs/ppo.yaml", ["learner.kl_coef=0"]),
-    "ppo+dense+shared": ("configs/ppo.yaml", ["learner.kl_coef=0", "learner.value_model=shared"]),
+    "reinforce": ("configs/default.yaml", ["learner.advantage.type=reinforce", "learner.advantage.normalize=false"]),
+    "ppo+dense": ("configs/ppo.yaml", ["learner.kl=null"]),
+    "ppo+dense+shared": ("configs/ppo.yaml", ["learner.kl=null", "learner.advantage.value_model=shared"]),
     "dapo": ("configs/dapo.yaml", []),
     "dr-grpo": ("configs/dr-grpo.yaml", []),
     "gspo": ("configs/gspo.yaml", []),

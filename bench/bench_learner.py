@@ -49,11 +49,11 @@ def measure(model: str, batch: list[TrainSequence], ranks: int, packed: bool = T
     config = LearnerConfig(num_ranks=ranks, zero_stage=2, pack_sequences=packed, pack_row_tokens=budget if one_row else 0)
     learner = LearnerGroup(model, config)
     try:
-        learner.train_step(batch, config.loss_config(1, 1.0, 48))  # warm-up
+        learner.train_step(batch, config.loss, 1.0, config.loss_kl_coef(1), 48)  # warm-up
         times = []
         for _ in range(REPEATS):
             start = time.perf_counter()
-            stats = learner.train_step(batch, config.loss_config(1, 1.0, 48))
+            stats = learner.train_step(batch, config.loss, 1.0, config.loss_kl_coef(1), 48)
             times.append(time.perf_counter() - start)
     finally:
         learner.kill()

@@ -112,7 +112,7 @@ def parts_alone(out: str) -> dict[str, float]:
             samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
             batch = build_batch(samples, learn, STEPS, 0.0, max_new_tokens=rollout.max_new_tokens, turn_cost=config.env.turn_cost)
             start = time.perf_counter()
-            learner.train_step(batch.sequences, learn.loss_config(STEPS, params.temperature, rollout.max_new_tokens))
+            learner.train_step(batch.sequences, learn.loss, params.temperature, learn.loss_kl_coef(STEPS), rollout.max_new_tokens)
             seconds["learning"] = time.perf_counter() - start
             seconds["push"] = group.push()["sync_s"]
             if r:

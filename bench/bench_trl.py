@@ -56,7 +56,7 @@ def run_coderloo(model: Path, out: Path) -> dict:
         f"model.path={model}", "model.build_tiny=false", f"train.output_dir={out}", "sft.steps=0",
         f"train.steps={STEPS}", f"train.prompts_per_step={PROMPTS_PER_STEP}", "train.eval_every=0",
         "train.checkpoint_every=0", f"rollout.samples_per_prompt={K}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
-        f"learner.lr={LR}", "learner.filter_uninformative=false",
+        f"learner.lr={LR}", "learner.advantage.filter_uninformative=false",
         "rollout.stop=[]",  # TRL's generation has no stop strings: both stop at EOS or MAX_NEW_TOKENS
         "tasks.max_eval_tasks=1", "eval.samples_per_task=1", "eval.k=[1]", "eval.greedy=false",
     ])

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from coderloo.config import ConfigError, load_config
+from coderloo.config import ConfigError, config_schema, load_config
 from coderloo.console import RunConsole
 from coderloo.metrics import MetricsFileError, plot_training
 from coderloo.ops.cluster_files import ClusterFileError
@@ -194,6 +194,11 @@ def cmd_tasks(args) -> int:
     return 0
 
 
+def cmd_config_schema(args) -> int:
+    print(json.dumps(config_schema(), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     apply_env_defaults()
     parser = argparse.ArgumentParser(prog="coderloo", description="RLOO post-training of code LLMs on Ray.")
@@ -250,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("tasks", help="write the synthetic suite as JSONL files")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_tasks)
+    p = sub.add_parser("config", help="about the config file's format")
+    p.add_argument("what", choices=["schema"], help="schema: print the JSON Schema of a config file (for editors)")
+    p.set_defaults(fn=cmd_config_schema)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -22,6 +22,7 @@ from common.config import Section
 from learner.config import CriticConfig, LearnerConfig
 from reward_service.config import ServiceConfig
 from rollout_workers.config import EnvConfig, PromptConfig, RolloutConfig
+from sandbox_pool import PoolSettings
 
 
 class ModelConfig(Section):
@@ -145,10 +146,12 @@ class TrainConfig(Section):
     )
     replay_capacity: int = Field(default=256, ge=1, description="Groups the replay buffer holds.")
     max_staleness: int = Field(
-        default=1, ge=0,
+        default=0, ge=0,
         description="How many steps generation may run ahead of the learner: 0 is synchronous (generate, "
         "score, train, push); 1 generates step t+1 while the learner trains on step t. Samples are "
-        "then up to this many policy versions old; truncated importance sampling corrects for it.",
+        "then up to this many policy versions old; truncated importance sampling corrects for it. On one CPU "
+        "machine generation, scoring and learning share the cores and overlapping them is slower "
+        "(bench/results.md); on a cluster, where they run on different devices, use 1.",
     )
     max_refill_rounds: int = Field(
         default=0, ge=0,
@@ -186,8 +189,9 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     reward: ServiceConfig = Field(
-        default_factory=ServiceConfig,
-        description="The reward service: component weights, its sandbox pool and limits, replicas.",
+        default_factory=lambda: ServiceConfig(pool=PoolSettings(initial_executors=2)),
+        description="The reward service: component weights, its sandbox pool and limits, replicas (by default its pool "
+        "starts 2 executors; a reward section written in a file has the pool's own defaults).",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Prompt selection by running pass rate.")
@@ -209,14 +213,6 @@ class Config(Section):
         description="Local cluster only: port of Ray's Prometheus endpoint on 127.0.0.1 (None: a free one, printed at "
         "start). On a cluster, `ray start --metrics-export-port` sets it (cluster.yaml).",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refine_moved(cls, data):
-        if isinstance(data, dict) and "refine" in data:
-            raise ValueError("refine: the section is now env (refine.enabled true, refine.rounds R -> env.name refine, "
-                             "env.max_turns R; refine.feedback_chars -> env.feedback_chars)")
-        return data
 
     @model_validator(mode="after")
     def _metrics_port_local(self) -> "Config":
@@ -253,7 +249,7 @@ class Config(Section):
             raise ValueError("sft.demonstrations: multi-turn demonstrations are of an environment; set env.name "
                              "(refine, interpreter, public_tests) or sft.demonstrations 0")
         if self.env.multi_turn and self.learner.dense_rewards:
-            raise ValueError(f"env.name {self.env.name} and learner.dense_rewards are not supported together: a trajectory's "
+            raise ValueError(f"env.name {self.env.name} and dense rewards (learner.advantage) are not supported together: a trajectory's "
                              "turns share its sequence advantage; turn one of them off")
         if self.env.train_as == "concat" and self.learner.overlong_buffer:
             raise ValueError("env.train_as concat with learner.overlong_buffer: the overlong penalty is of a turn's length, "
@@ -262,18 +258,18 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _refill_filters(self) -> "Config":
-        if self.train.max_refill_rounds and not self.learner.filter_uninformative:
-            raise ValueError("train.max_refill_rounds refills the groups that learner.filter_uninformative drops: "
-                             "turn filtering on, or set max_refill_rounds to 0")
         if self.train.max_refill_rounds and not self.learner.group_baseline:
-            raise ValueError(f"train.max_refill_rounds: advantage_estimator {self.learner.advantage_estimator} keeps every "
+            raise ValueError(f"train.max_refill_rounds: advantage {self.learner.advantage.type} keeps every "
                              "group (no group baseline), so there is nothing to refill")
+        if self.train.max_refill_rounds and not self.learner.filters_groups:
+            raise ValueError("train.max_refill_rounds refills the groups that learner.advantage.filter_uninformative drops: "
+                             "turn filtering on, or set max_refill_rounds to 0")
         return self
 
     @model_validator(mode="after")
     def _ppo_replay(self) -> "Config":
-        if self.train.replay_groups and self.learner.advantage_estimator == "ppo":
-            raise ValueError("train.replay_groups with advantage_estimator ppo: a replayed group's returns and value "
+        if self.train.replay_groups and self.learner.advantage.type == "ppo":
+            raise ValueError("train.replay_groups with advantage ppo: a replayed group's returns and value "
                              "estimates are of an older value model; set replay_groups to 0")
         return self
 
@@ -295,7 +291,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _group_size(self) -> "Config":
         if self.rollout.samples_per_prompt < 2 and self.learner.group_baseline:
-            raise ValueError(f"rollout.samples_per_prompt=1: advantage_estimator {self.learner.advantage_estimator} compares "
+            raise ValueError(f"rollout.samples_per_prompt=1: advantage {self.learner.advantage.type} compares "
                              "the samples of a prompt and needs at least 2 (ppo and reinforce can use 1)")
         return self
 
@@ -308,6 +304,64 @@ class Config(Section):
 
 class ConfigError(ValueError):
     """An invalid config; the message names the field and the reason."""
+
+
+def _moved(new: str, variant: str = "") -> str:
+    return f"{new} with {variant}" if variant else new
+
+
+_CLIP, _SAPO, _VESPO = "learner.loss.type: clip", "learner.loss.type: sapo", "learner.loss.type: vespo"
+_GROUP = "learner.advantage.type: rloo, grpo, dr_grpo or reinforce_pp"
+_PPO, _KL = "learner.advantage.type: ppo", "learner.kl set (absent: no KL term)"
+# Fields of an earlier shape of the config, by dotted path, and where each now lives. A config
+# file or an override that names one fails with the new place.
+MOVED = {
+    "refine": "env (refine.enabled true, refine.rounds R -> env.name refine, env.max_turns R; "
+              "refine.feedback_chars -> env.feedback_chars)",
+    "learner.policy_loss": "learner.loss.type",
+    "learner.loss_aggregation": "learner.loss.aggregation",
+    "learner.tis_cap": "learner.loss.tis_cap",
+    "learner.importance_level": _moved("learner.loss.importance_level", "learner.loss.type: clip, cispo or sapo"),
+    "learner.clip_eps": _moved("learner.loss.eps_low and learner.loss.eps_high", _CLIP),
+    "learner.clip_eps_low": _moved("learner.loss.eps_low", _CLIP),
+    "learner.clip_eps_high": _moved("learner.loss.eps_high", "learner.loss.type: clip or cispo"),
+    "learner.clip_ratio_c": _moved("learner.loss.dual_clip", _CLIP),
+    "learner.clip_delta": _moved("learner.loss.delta", _CLIP),
+    "learner.sapo_tau_pos": _moved("learner.loss.tau_pos", _SAPO),
+    "learner.sapo_tau_neg": _moved("learner.loss.tau_neg", _SAPO),
+    "learner.vespo_k_pos": _moved("learner.loss.k_pos", _VESPO),
+    "learner.vespo_lambda_pos": _moved("learner.loss.lambda_pos", _VESPO),
+    "learner.vespo_k_neg": _moved("learner.loss.k_neg", _VESPO),
+    "learner.vespo_lambda_neg": _moved("learner.loss.lambda_neg", _VESPO),
+    "learner.advantage_estimator": "learner.advantage.type",
+    "learner.normalize_advantages": "learner.advantage.normalize",
+    "learner.filter_uninformative": _moved("learner.advantage.filter_uninformative", _GROUP),
+    "learner.dense_rewards": "learner.advantage.dense (an empty mapping {} for the defaults) with learner.advantage.type: "
+                             "rloo, or learner.advantage.dense_rewards with learner.advantage.type: ppo",
+    "learner.dense_coef": _moved("learner.advantage.dense.coef", "learner.advantage.type: rloo"),
+    "learner.dense_gamma": _moved("learner.advantage.dense.gamma", "learner.advantage.type: rloo"),
+    "learner.value_model": _moved("learner.advantage.value_model", _PPO),
+    "learner.value_lr": _moved("learner.advantage.value_lr", _PPO),
+    "learner.value_clip": _moved("learner.advantage.value_clip", _PPO),
+    "learner.value_loss_coef": _moved("learner.advantage.value_loss_coef", _PPO),
+    "learner.gae_gamma": _moved("learner.advantage.gae_gamma", _PPO),
+    "learner.gae_lambda": _moved("learner.advantage.gae_lambda", _PPO),
+    "learner.kl_coef": _moved("learner.kl.coef", _KL),
+    "learner.kl_coef_final": _moved("learner.kl.coef_final", _KL),
+    "learner.kl_schedule_steps": _moved("learner.kl.schedule_steps", _KL),
+    "learner.kl_estimator": _moved("learner.kl.estimator", _KL),
+    "learner.kl_in": _moved("learner.kl.into", _KL),
+}
+
+
+def check_moved(tree: dict[str, Any], source: str) -> None:
+    """Fail on the first field of `tree` that MOVED lists, naming its new place."""
+    for old, new in MOVED.items():
+        node: Any = tree
+        for key in old.split("."):
+            node = node.get(key, MOVED) if isinstance(node, dict) else MOVED
+        if node is not MOVED:
+            raise ConfigError(f"{source}: {old} was moved: use {new}")
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -360,6 +414,7 @@ def read_config_file(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str,
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
     tree = loaded or {}
+    check_moved(tree, f"config file {path}")
     base = tree.pop("extends", None)
     if base is None:
         return tree
@@ -377,7 +432,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         source = str(path)
         tree = read_config_file(path)
-    tree = _merge(tree, parse_overrides(overrides or []))
+    extra = parse_overrides(overrides or [])
+    check_moved(extra, "override")
+    tree = _merge(tree, extra)
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
@@ -386,6 +443,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             field = ".".join(str(p) for p in err["loc"]) or "config"
             reasons.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError(f"invalid config ({source}):\n" + "\n".join(reasons)) from None
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of a config file (`coderloo config schema`), `extends` included, for
+    editors to check a YAML file as it is typed."""
+    schema = Config.model_json_schema()
+    schema["properties"]["extends"] = {
+        "type": "string", "description": "A config file (relative to this one) whose fields this file's are merged over."}
+    return schema
 
 
 def dump_config(config: Config, path: str | Path) -> None:

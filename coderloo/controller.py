@@ -363,7 +363,8 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
 
             # 2. the batch: advantages within each task's group of k, per token, kept groups
             samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
-            kl_in_reward, ppo = learn.kl_in == "reward" and learn.kl_coef_at(step) > 0, learn.advantage_estimator == "ppo"
+            kl_in_reward = learn.kl is not None and learn.kl.into == "reward" and learn.kl_coef_at(step) > 0
+            ppo = learn.advantage.type == "ppo"
             if kl_in_reward or ppo:  # per token, from the learner as it is before this step
                 samples.turn_kl, samples.turn_values = learner.token_stats(samples.flat(), temperature, kl=kl_in_reward, values=ppo)
             critic_step = observe(critic, rollouts) if critic is not None else None  # it learns while the policy does
@@ -377,7 +378,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             # 4. new weights to the rollout workers
             stats, sync = {}, {"sync_s": 0.0}
             if len(sequences) >= learn.optimizer_steps * learn.num_ranks:  # else every group was uniform
-                stats = learner.train_step(sequences, learn.loss_config(step, temperature, rollout.max_new_tokens))
+                stats = learner.train_step(sequences, learn.loss, temperature, learn.loss_kl_coef(step), rollout.max_new_tokens)
             t_learn = time.time()
             if stats and skips.applied("rl", step, stats, learn.optimizer_steps):
                 sync = push_weights(rollouts_group, learner)

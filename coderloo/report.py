@@ -30,7 +30,7 @@ ROLLOUT_PARTS = {"time_generate_s": "generate", "time_score_tail_s": "score afte
 # Config fields worth reading in the header, with their labels.
 HIGHLIGHTS = {
     "model.path": "model", "rollout.backend": "engine", "tasks.train_set": "train set", "tasks.eval_set": "eval set",
-    "learner.advantage_estimator": "estimator", "learner.lr": "lr", "learner.kl_coef": "KL coef",
+    "learner.advantage.type": "estimator", "learner.lr": "lr", "learner.kl.coef": "KL coef",
     "sft.steps": "SFT steps", "train.steps": "RL steps", "train.prompts_per_step": "prompts / step",
     "rollout.samples_per_prompt": "samples / prompt", "train.max_staleness": "max staleness",
     "eval.samples_per_task": "eval samples / task", "env.name": "environment", "critic.enabled": "critic",

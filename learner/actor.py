@@ -23,8 +23,9 @@ from common.memory import limit_own_memory, return_free_memory
 from common.weight_sync import WeightSource
 from learner import lora
 from learner.batch import PackedBatch, TrainSequence, pack
+from learner.config import PolicyLoss
 from learner.logits import chunked_logprobs, final_hidden_states
-from learner.losses import LossConfig, LossInputs, kl_penalty, policy_loss, sft_loss, value_loss
+from learner.losses import LossInputs, kl_penalty, policy_loss, sft_loss, value_loss
 from learner.value import ValueModel, add_value_head, hidden_and_values, policy_state
 
 # The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
@@ -127,14 +128,14 @@ class Learner(WeightSource):
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id
         model = self._trainable(load_causal_lm(self.model_path))
-        self.shared_value = config.advantage_estimator == "ppo" and config.value_model == "shared"
+        self.shared_value = config.advantage.type == "ppo" and config.advantage.value_model == "shared"
         if self.shared_value:
             add_value_head(model)
         if config.lora is not None and config.lora.start == "sft":
             model = lora.wrap(model, config.lora)
         self.value_engine = None  # value_model separate: built from the policy when RL starts (_value_model)
         self.reference = None  # with LoRA, the policy with its adapter disabled (_reference_logprobs)
-        if config.lora is None and (config.kl_coef > 0 or (config.kl_coef_final or 0) > 0):
+        if config.lora is None and config.needs_reference:
             # Frozen: in the training dtype (a float32 copy of a 7B model would take 30 GB per rank).
             self.reference = load_causal_lm(self.model_path, config.dtype).eval().requires_grad_(False)
         self.engine, self.optimizer = self._engine(model, config.lr)
@@ -196,7 +197,7 @@ class Learner(WeightSource):
         from the policy as it is then: after the SFT warm-up, as OpenRLHF and verl start their
         critic from the SFT model. A collective under ZeRO-3 (every rank builds it at once)."""
         if self.value_engine is None:
-            self.value_engine, _ = self._engine(ValueModel(self._policy_copy()), self.config.value_lr or self.config.lr)
+            self.value_engine, _ = self._engine(ValueModel(self._policy_copy()), self.config.advantage.value_lr or self.config.lr)
         return self.value_engine
 
     def _values(self, batch: PackedBatch) -> torch.Tensor:
@@ -233,8 +234,10 @@ class Learner(WeightSource):
         logprobs, entropies = out
         return logprobs.cpu(), (entropies.cpu() * batch.completion_mask).sum().item()
 
-    def train_step(self, work: Work, loss_config: LossConfig) -> dict[str, float]:
-        """Policy-gradient updates: one optimizer step per mini-batch of `work`.
+    def train_step(self, work: Work, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> dict[str, float]:
+        """Policy-gradient updates: one optimizer step per mini-batch of `work`, with the loss
+        `loss_config` (learner.loss), logprobs at the samples' `temperature` and a KL penalty of
+        weight `kl_coef` in the loss (0: none).
 
         Mini-batches after the first are slightly off-policy; the clipped ratio against the
         learner's logprobs at the start of the step accounts for it, and truncated importance
@@ -242,7 +245,6 @@ class Learner(WeightSource):
         """
         self._set_lr(self.config.lr)
         self.engine.train()
-        temperature = loss_config.temperature
         minis = [([pack(m, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
@@ -261,17 +263,19 @@ class Learner(WeightSource):
         totals: dict[str, float] = {}
         passes = sum(len(micros) for micros, _, _ in minis)
         finite, skipped, skipped_value = True, 0, 0  # non-finite losses of the mini-batch; optimizer steps not taken
-        separate_value = loss_config.train_value and not self.shared_value
+        estimator = self.config.advantage
+        train_value = estimator.type == "ppo"
+        separate_value = train_value and not self.shared_value
         if separate_value:
             self._value_model().train()
         for (micros, normalizer, tokens), olds in zip(minis, step_start):
             for batch, step_start_logprobs in zip(micros, olds):
                 reference_logprobs = None
-                if loss_config.kl_coef > 0:
+                if kl_coef > 0:
                     with torch.no_grad():
                         reference_logprobs = self._reference_logprobs(batch, temperature)
                 hidden = values = None
-                if loss_config.train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
+                if train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
                     device = self.engine.device
                     hidden, values = hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))
                 inputs = LossInputs(
@@ -280,15 +284,16 @@ class Learner(WeightSource):
                     reference_logprobs=reference_logprobs,
                 )
                 # DeepSpeed averages gradients over ranks: scale so that they sum instead.
-                loss, stats = policy_loss(inputs, loss_config, normalizer=normalizer / self.world_size)
-                if loss_config.train_value:
+                loss, stats = policy_loss(inputs, loss_config, kl_coef, self.config.kl.estimator if kl_coef > 0 else "k3",
+                                          normalizer=normalizer / self.world_size)
+                if train_value:
                     # the mean over the mini-batch's trained tokens; PPO's clip against the step's start
                     values = self._values(batch) if values is None else values.float().cpu()
-                    v_loss, v_stats = value_loss(values, batch.old_values, batch.returns, batch.completion_mask, loss_config.value_clip,
+                    v_loss, v_stats = value_loss(values, batch.old_values, batch.returns, batch.completion_mask, estimator.value_clip,
                                                  normalizer=tokens / self.world_size)
                     stats.update(v_stats)
                     if self.shared_value:
-                        loss = loss + loss_config.value_loss_coef * v_loss
+                        loss = loss + estimator.value_loss_coef * v_loss
                     else:
                         self.value_engine.backward(v_loss.to(self.engine.device), scale_wrt_gas=False)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
@@ -456,10 +461,10 @@ class Learner(WeightSource):
         load_path, _ = self.engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state")
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed state under {path}/deepspeed")
-        if self.config.advantage_estimator == "ppo" and not self.shared_value:
+        if self.config.advantage.type == "ppo" and not self.shared_value:
             value_path = Path(path) / "deepspeed_value"
             if not value_path.exists():
-                raise FileNotFoundError(f"learner.advantage_estimator ppo: no value model state under {value_path} "
+                raise FileNotFoundError(f"learner.advantage ppo: no value model state under {value_path} "
                                         "(a checkpoint of a run without one)")
             load_path, _ = self._value_model().load_checkpoint(str(value_path), tag="state")
             if load_path is None:

@@ -130,22 +130,23 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         rewards = rewards + penalty
         metrics["overlong_penalty_mean"] = float(penalty.mean())
     kl_coef = config.kl_coef_at(step)
-    kl_in_reward = config.kl_in == "reward" and kl_coef > 0
+    kl_in_reward = config.kl is not None and config.kl.into == "reward" and kl_coef > 0
     if kl_in_reward:
         if samples.turn_kl is None:
-            raise ValueError("learner.kl_in is 'reward': the turns' KL to the reference is needed")
+            raise ValueError("learner.kl.into is 'reward': the turns' KL to the reference is needed")
         turns = iter(samples.turn_kl)
         sequence_kl = torch.tensor([[sum(_policy_sum(seq, next(turns)) for seq in trajectory) for trajectory in group]
                                     for group in samples.sequences])
         metrics["kl_sequence_mean"] = float(sequence_kl.mean())
-        if config.advantage_estimator != "ppo":  # PPO's is per token, in its rewards
+        if config.advantage.type != "ppo":  # PPO's is per token, in its rewards
             rewards = rewards - kl_coef * sequence_kl
     if critic_coef > 0:
         rewards = rewards + critic_coef * samples.critic_p_passed
-    if config.advantage_estimator == "ppo":
+    estimator = config.advantage
+    if estimator.type == "ppo":
         return _ppo_batch(samples, rewards, config, kl_coef if kl_in_reward else 0.0, metrics)
-    advantages = compute_advantages(config.advantage_estimator, rewards)
-    if config.filter_uninformative and config.group_baseline:
+    advantages = compute_advantages(estimator.type, rewards)
+    if config.filters_groups:
         # by outcome: shaping terms alone (KL, the critic's, length) do not make a group informative
         # about its task (DAPO filters by accuracy too); the same test decides refills
         keep = informative_groups(samples.rewards)
@@ -153,19 +154,20 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         keep = torch.ones(groups, dtype=torch.bool)
     token_advantages = None
     if config.dense_rewards:
+        dense = estimator.dense
         # per token: the RLOO advantage plus the leave-one-out reward-to-go of the service's
         # per-token rewards, whitened over the kept groups' tokens
         if samples.token_rewards is None:
-            raise ValueError("learner.dense_rewards: the trajectories' per-token rewards are needed")
+            raise ValueError("learner.advantage.dense: the trajectories' per-token rewards are needed")
         per_token = pad_sequence([torch.tensor(r) for group in samples.token_rewards for r in group], batch_first=True).view(groups, k, -1)
         lengths = torch.tensor([len(r) for group in samples.token_rewards for r in group]).view(groups, k, 1)
         mask = torch.arange(per_token.shape[-1]) < lengths
-        token_advantages = dense_advantages(advantages, per_token, mask, config.dense_coef, config.dense_gamma)
+        token_advantages = dense_advantages(advantages, per_token, mask, dense.coef, dense.gamma)
         metrics["dense_advantage_abs_mean"] = float((token_advantages - advantages.unsqueeze(-1))[mask].abs().mean())
-        if config.normalize_advantages and keep.any():
+        if estimator.normalize and keep.any():
             kept_tokens = mask & keep.view(-1, 1, 1)
             token_advantages[kept_tokens] = whiten(token_advantages[kept_tokens])
-    elif config.normalize_advantages and keep.any():
+    elif estimator.normalize and keep.any():
         advantages[keep] = whiten(advantages[keep])
     kept = []
     for g in keep.nonzero().flatten().tolist():
@@ -189,15 +191,16 @@ def _ppo_batch(samples: StepSamples, rewards: torch.Tensor, config: LearnerConfi
     """PPO: per-token advantages and returns by GAE over each trajectory's policy tokens, in order
     (a multi-turn trajectory's turns are one episode; an environment's tokens are not steps).
 
-    A step's reward is -kl_coef x its KL to the reference (kl_in reward), plus with dense_rewards the
+    A step's reward is -kl_coef x its KL to the reference (kl.into reward), plus with dense_rewards the
     service's lint and syntax penalties on the tokens that caused them, plus the trajectory's reward at
     its last token (less those penalties: a trajectory's step rewards sum to its reward and its KL
     term). Every group is kept (the value model is the baseline); advantages are whitened over the
     batch's steps, mean included, as TRL and OpenRLHF do.
     """
     if samples.turn_values is None:
-        raise ValueError("advantage_estimator ppo: the value model's estimates of the turns are needed")
+        raise ValueError("advantage ppo: the value model's estimates of the turns are needed")
     groups, k = rewards.shape
+    estimator = config.advantage
     values_of = iter(samples.turn_values)
     kl_of = iter(samples.turn_kl) if kl_coef else None
     steps = []  # per trajectory: its (sequence, token index) steps, their rewards and values
@@ -212,9 +215,9 @@ def _ppo_batch(samples: StepSamples, rewards: torch.Tensor, config: LearnerConfi
                         step_values.append(values[t])
                         step_rewards.append(-kl_coef * kl[t] if kl is not None else 0.0)
             outcome = float(rewards[g, j])
-            if config.dense_rewards:
+            if estimator.dense_rewards:
                 if samples.token_penalties is None:
-                    raise ValueError("learner.dense_rewards: the trajectories' per-token penalties are needed")
+                    raise ValueError("learner.advantage.dense_rewards: the trajectories' per-token penalties are needed")
                 penalties = samples.token_penalties[g][j]
                 if penalties is None or len(penalties) != len(trajectory[0].completion_ids):
                     raise ValueError(f"group {g}, sample {j}: ppo with dense_rewards needs the reward service's token penalties "
@@ -227,19 +230,19 @@ def _ppo_batch(samples: StepSamples, rewards: torch.Tensor, config: LearnerConfi
             steps.append((where, step_rewards, step_values))
     longest = max((len(w) for w, _, _ in steps), default=0)
     if longest == 0:
-        raise ValueError("advantage_estimator ppo: no trajectory of the step has a policy token")
+        raise ValueError("advantage ppo: no trajectory of the step has a policy token")
     step_rewards = torch.zeros(len(steps), longest)
     step_values = torch.zeros(len(steps), longest)
     mask = torch.zeros(len(steps), longest, dtype=torch.bool)
     for i, (where, r, v) in enumerate(steps):
         step_rewards[i, : len(r)], step_values[i, : len(v)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(v), True
-    advantages, returns = gae(step_rewards, step_values, mask, config.gae_gamma, config.gae_lambda)
+    advantages, returns = gae(step_rewards, step_values, mask, estimator.gae_gamma, estimator.gae_lambda)
     metrics.update(
         explained_variance=explained_variance(step_values[mask], returns[mask]),
         value_estimate_mean=float(step_values[mask].mean()), return_mean=float(returns[mask].mean()),
         advantage_abs_mean=float(advantages[mask].abs().mean()), groups_filtered=0,
     )
-    if config.normalize_advantages:
+    if estimator.normalize:
         advantages[mask] = whiten(advantages[mask], shift_mean=True)
     for seq in samples.flat():
         n = len(seq.completion_ids)

@@ -1,12 +1,11 @@
 """The learner's sections of the config: the policy learner (its algorithm and loss) and the critic."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from common.config import Section
-from learner.losses import LossConfig
 
 
 class LoraSettings(Section):
@@ -40,6 +39,205 @@ class LoraSettings(Section):
         default=True,
         description="Checkpoints also hold the merged model in Hugging Face format (beside the adapter, "
         "always saved under adapter/); false: the adapter only.",
+    )
+
+
+def _type_required(schema: dict) -> None:
+    schema["required"] = ["type", *schema.get("required", [])]
+
+
+class _Variant(Section):
+    """A variant of a section, chosen by its `type`; a section written without one is its default
+    variant (LearnerConfig._default_variants), but a schema asks for the type."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_type_required)
+
+
+class _PolicyLossBase(_Variant):
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
+        default="token_mean",
+        description="What a mini-batch's token losses are divided by. token_mean: the mini-batch's trained "
+        "tokens (DAPO; long completions weigh more); seq_mean_token_mean: each sequence's mean, then the mean "
+        "over sequences (the original GRPO; a token of a short completion weighs more); seq_mean_token_sum: "
+        "the sequence count (each token weighs the same whatever its completion's length); "
+        "seq_mean_token_sum_norm: the sequence count times rollout.max_new_tokens (Dr. GRPO: a constant).",
+    )
+    tis_cap: float | None = Field(
+        default=2.0, gt=0,
+        description="Truncated importance sampling: each token's loss is weighted by "
+        "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
+        "learner's probabilities (null: no correction).",
+    )
+
+
+class _RatioLevel(_Variant):
+    importance_level: Literal["token", "sequence"] = Field(
+        default="token",
+        description="token: a ratio per token; sequence (GSPO): the length-normalized geometric mean of a "
+        "sequence's token ratios, clipped per sequence.",
+    )
+
+
+class ClipLoss(_PolicyLossBase, _RatioLevel):
+    """PPO's clipped ratio (GRPO, DAPO, Dr. GRPO, GSPO)."""
+
+    type: Literal["clip"] = "clip"
+    eps_low: float = Field(default=0.2, gt=0, lt=1, description="The ratio's lower clip: 1 - eps_low.")
+    eps_high: float = Field(
+        default=0.2, gt=0,
+        description="The ratio's upper clip: 1 + eps_high (DAPO's clip-higher is 0.28 against a low of 0.2).",
+    )
+    dual_clip: float | None = Field(
+        default=None, gt=1,
+        description="Dual clip: the loss of a token with a negative advantage is at most -dual_clip x A "
+        "(its ratio's pull is bounded however far the policy moved; 3 in the dual-clip PPO paper). Null: off.",
+    )
+    delta: float | None = Field(
+        default=None, gt=1,
+        description="Two-sided clip (TRL's delta): the unclipped ratio is capped at delta, so a negative "
+        "advantage's loss stays bounded. Null: off.",
+    )
+
+
+class CispoLoss(_PolicyLossBase, _RatioLevel):
+    """A clipped, stop-gradient importance weight on a REINFORCE term (MiniMax-M1)."""
+
+    type: Literal["cispo"] = "cispo"
+    eps_high: float = Field(default=0.2, gt=0, description="The importance weight's cap: 1 + eps_high.")
+
+
+class SapoLoss(_PolicyLossBase, _RatioLevel):
+    """A soft sigmoid gate in place of the clip."""
+
+    type: Literal["sapo"] = "sapo"
+    tau_pos: float = Field(default=1.0, gt=0, description="The gate's temperature for positive advantages.")
+    tau_neg: float = Field(default=1.05, gt=0, description="The gate's temperature for negative advantages.")
+
+
+class VespoLoss(_PolicyLossBase):
+    """A gamma weight of the sequence's importance ratio (always per sequence)."""
+
+    type: Literal["vespo"] = "vespo"
+    k_pos: float = Field(default=2.0, ge=0, description="The gamma weight's k for advantages >= 0.")
+    lambda_pos: float = Field(default=3.0, gt=0, description="The gamma weight's lambda for advantages >= 0.")
+    k_neg: float = Field(default=3.0, ge=0, description="The gamma weight's k for negative advantages.")
+    lambda_neg: float = Field(default=2.0, gt=0, description="The gamma weight's lambda for negative advantages.")
+
+
+PolicyLoss = Annotated[ClipLoss | CispoLoss | SapoLoss | VespoLoss, Field(discriminator="type")]
+
+
+class _Estimator(_Variant):
+    normalize: bool = Field(default=True, description="Scale advantages to unit std over the batch.")
+
+
+class _GroupEstimator(_Estimator):
+    filter_uninformative: bool = Field(
+        default=True,
+        description="Drop prompt groups whose k outcome rewards are all equal (no signal for a baseline "
+        "estimator; shaping terms alone, KL, the critic's or the overlong penalty, do not keep a group, as "
+        "DAPO filters by accuracy); their count is logged as groups_filtered. train.max_refill_rounds "
+        "replaces them with new prompts.",
+    )
+
+
+class DenseRewards(Section):
+    coef: float = Field(
+        default=1.0, gt=0,
+        description="The weight of the per-token term against the sequence advantage (both in reward units before whitening).",
+    )
+    gamma: float = Field(
+        default=1.0, ge=0, le=1,
+        description="The discount of the reward-to-go: 1 is unbiased, and a penalty also falls on every token "
+        "before it; lower values keep it nearer the tokens that caused it.",
+    )
+
+
+class RlooEstimator(_GroupEstimator):
+    """Leave-one-out baseline."""
+
+    type: Literal["rloo"] = "rloo"
+    dense: DenseRewards | None = Field(
+        default=None,
+        description="Per-token advantages from the reward service's per-token rewards (the tests' outcome "
+        "spread over the code tokens, lint and syntax penalties on the tokens that caused them): each "
+        "token's advantage is the RLOO advantage of its sample plus dense.coef x its leave-one-out "
+        "reward-to-go (learner/advantages.py dense_advantages); the reward service then decodes the sampled "
+        "token ids with the policy's tokenizer (reward.tokenizer_path defaults to model.path). Null: off.",
+    )
+
+
+class GrpoEstimator(_GroupEstimator):
+    """Group mean and std."""
+
+    type: Literal["grpo"] = "grpo"
+
+
+class DrGrpoEstimator(_GroupEstimator):
+    """Group mean, no std (Dr. GRPO)."""
+
+    type: Literal["dr_grpo"] = "dr_grpo"
+
+
+class ReinforcePPEstimator(_GroupEstimator):
+    """Group mean baseline, batch std."""
+
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+
+
+class ReinforceEstimator(_Estimator):
+    """No baseline (for comparison); rollout.samples_per_prompt may be 1."""
+
+    type: Literal["reinforce"] = "reinforce"
+
+
+class PpoEstimator(_Estimator):
+    """Per-token GAE advantages from a value model trained alongside the policy; rollout.samples_per_prompt may be 1."""
+
+    type: Literal["ppo"] = "ppo"
+    dense_rewards: bool = Field(
+        default=False,
+        description="GAE over the reward service's per-token penalties (lint, syntax) on the tokens that caused "
+        "them, the rest of the outcome at the last token; false: the whole reward at the last token.",
+    )
+    value_model: Literal["separate", "shared"] = Field(
+        default="separate",
+        description="separate: a value model of its own (the policy's backbone, copied from the policy when RL "
+        "starts, and a scalar head; its own optimizer and ZeRO state); shared: a scalar head on the policy's "
+        "backbone, the value loss added to the policy's with value_loss_coef.",
+    )
+    value_lr: float | None = Field(default=None, gt=0, description="value_model separate: AdamW learning rate of the value model (null: learner.lr).")
+    value_clip: float | None = Field(
+        default=0.5, gt=0,
+        description="A value may move at most this far (reward units) from its estimate at the step's start "
+        "unless that brings it nearer its return (PPO's clipped value loss; null: plain squared error).",
+    )
+    value_loss_coef: float = Field(default=0.1, gt=0, description="value_model shared: weight of the value loss in the joint loss (TRL's vf_coef).")
+    gae_gamma: float = Field(default=1.0, ge=0, le=1, description="GAE's discount per token.")
+    gae_lambda: float = Field(
+        default=0.95, ge=0, le=1,
+        description="GAE's lambda: 1 is the return minus the value (Monte Carlo, no bias from the value model); "
+        "lower values lean on the value model's estimates (less variance, its bias).",
+    )
+
+
+AdvantageEstimator = Annotated[
+    RlooEstimator | GrpoEstimator | DrGrpoEstimator | ReinforcePPEstimator | ReinforceEstimator | PpoEstimator,
+    Field(discriminator="type"),
+]
+
+
+class KLPenalty(Section):
+    coef: float = Field(ge=0, description="Weight of the KL penalty to the frozen reference (the first step's, with a schedule).")
+    coef_final: float | None = Field(
+        default=None, ge=0, description="With schedule_steps, the KL weight moves linearly from coef to this."
+    )
+    schedule_steps: int = Field(default=0, ge=0, description="RL steps over which the KL weight moves to coef_final.")
+    estimator: Literal["k1", "k3"] = Field(default="k3", description="Per-token KL estimate: k1 = log p - log p_ref; k3 = r - 1 - log r.")
+    into: Literal["loss", "reward"] = Field(
+        default="loss",
+        description="loss: a per-token penalty in the loss; reward: the summed KL of each sample is "
+        "subtracted from its reward before advantages (as RLOO in TRL and OpenRLHF).",
     )
 
 
@@ -88,14 +286,6 @@ class LearnerConfig(Section):
         description="Tokens whose logits are computed at once (learner/logits.py): the language-model head, the fp32 "
         "log-softmax and its gradient hold this many tokens x the vocabulary, whatever the micro-batch's size.",
     )
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
-        default="token_mean",
-        description="What a mini-batch's token losses are divided by. token_mean: the mini-batch's trained "
-        "tokens (DAPO; long completions weigh more); seq_mean_token_mean: each sequence's mean, then the mean "
-        "over sequences (the original GRPO; a token of a short completion weighs more); seq_mean_token_sum: "
-        "the sequence count (each token weighs the same whatever its completion's length); "
-        "seq_mean_token_sum_norm: the sequence count times rollout.max_new_tokens (Dr. GRPO: a constant).",
-    )
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     memory_limit_mb: float | None = Field(
         default=None, gt=0,
@@ -105,40 +295,6 @@ class LearnerConfig(Section):
         default=1800.0, gt=0,
         description="A learner call (a step, a save) that no rank finishes in this time is a hang: the learner is "
         "stopped and the run ends with an error naming the ranks that did not answer.")
-    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="Clip range of the importance ratio (both sides unless clip_eps_low/high say otherwise).")
-    clip_eps_low: float | None = Field(default=None, gt=0, lt=1, description="The ratio's lower clip 1 - clip_eps_low (null: clip_eps).")
-    clip_eps_high: float | None = Field(
-        default=None, gt=0,
-        description="The ratio's upper clip 1 + clip_eps_high (null: clip_eps); DAPO's clip-higher is 0.28 "
-        "against a low of 0.2. With policy_loss cispo, the importance weight's cap.",
-    )
-    clip_ratio_c: float | None = Field(
-        default=None, gt=1,
-        description="Dual clip: the loss of a token with a negative advantage is at most -clip_ratio_c x A "
-        "(its ratio's pull is bounded however far the policy moved; 3 in the dual-clip PPO paper). Null: off.",
-    )
-    clip_delta: float | None = Field(
-        default=None, gt=1,
-        description="Two-sided clip (TRL's delta): the unclipped ratio is capped at clip_delta, so a negative "
-        "advantage's loss stays bounded. Null: off.",
-    )
-    policy_loss: Literal["clip", "cispo", "sapo", "vespo"] = Field(
-        default="clip",
-        description="The surrogate (learner/losses.py policy_loss): clip (PPO's clipped ratio; GRPO, DAPO, "
-        "Dr. GRPO, GSPO); cispo (a clipped, stop-gradient importance weight on a REINFORCE term: MiniMax-M1); "
-        "sapo (a soft sigmoid gate in place of the clip); vespo (a gamma weight of the sequence's ratio).",
-    )
-    importance_level: Literal["token", "sequence"] = Field(
-        default="token",
-        description="token: a ratio per token; sequence (GSPO): the length-normalized geometric mean of a "
-        "sequence's token ratios, clipped per sequence.",
-    )
-    sapo_tau_pos: float = Field(default=1.0, gt=0, description="policy_loss sapo: the gate's temperature for positive advantages.")
-    sapo_tau_neg: float = Field(default=1.05, gt=0, description="policy_loss sapo: the gate's temperature for negative advantages.")
-    vespo_k_pos: float = Field(default=2.0, ge=0, description="policy_loss vespo: the gamma weight's k for advantages >= 0.")
-    vespo_lambda_pos: float = Field(default=3.0, gt=0, description="policy_loss vespo: the gamma weight's lambda for advantages >= 0.")
-    vespo_k_neg: float = Field(default=3.0, ge=0, description="policy_loss vespo: the gamma weight's k for negative advantages.")
-    vespo_lambda_neg: float = Field(default=2.0, gt=0, description="policy_loss vespo: the gamma weight's lambda for negative advantages.")
     mask_truncated: bool = Field(
         default=False,
         description="Leave completions cut by max_new_tokens (finish reason 'length') out of the loss: their "
@@ -150,75 +306,18 @@ class LearnerConfig(Section):
         "tokens loses overlong_penalty x the share of the buffer it used, as a term of its reward (0: off).",
     )
     overlong_penalty: float = Field(default=1.0, ge=0, description="The soft overlong penalty at max_new_tokens (with overlong_buffer).")
-    tis_cap: float | None = Field(
-        default=2.0, gt=0,
-        description="Truncated importance sampling: each token's loss is weighted by "
-        "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
-        "learner's probabilities (null: no correction).",
+    loss: PolicyLoss = Field(
+        default_factory=ClipLoss,
+        description="The policy loss (learner/losses.py policy_loss), chosen by its type: clip, cispo, sapo or vespo.",
     )
-    advantage_estimator: Literal["rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce", "ppo"] = Field(
-        default="rloo",
-        description="rloo: leave-one-out baseline; grpo: group mean and std; dr_grpo: group mean, no std "
-        "(Dr. GRPO); reinforce_pp: group mean baseline, batch std; reinforce: no baseline (for comparison); "
-        "ppo: per-token GAE advantages from a value model trained alongside the policy (value_model, gae_gamma, "
-        "gae_lambda; rollout.samples_per_prompt may be 1).",
+    advantage: AdvantageEstimator = Field(
+        default_factory=RlooEstimator,
+        description="The advantage estimator (learner/advantages.py), chosen by its type: rloo, grpo, dr_grpo, "
+        "reinforce_pp, reinforce or ppo.",
     )
-    value_model: Literal["separate", "shared"] = Field(
-        default="separate",
-        description="advantage_estimator ppo: separate: a value model of its own (the policy's backbone, copied "
-        "from the policy when RL starts, and a scalar head; its own optimizer and ZeRO state); shared: a scalar "
-        "head on the policy's backbone, the value loss added to the policy's with value_loss_coef.",
-    )
-    value_lr: float | None = Field(default=None, gt=0, description="ppo, value_model separate: AdamW learning rate of the value model (null: lr).")
-    value_clip: float | None = Field(
-        default=0.5, gt=0,
-        description="ppo: a value may move at most this far (reward units) from its estimate at the step's start "
-        "unless that brings it nearer its return (PPO's clipped value loss; null: plain squared error).",
-    )
-    value_loss_coef: float = Field(default=0.1, gt=0, description="ppo, value_model shared: weight of the value loss in the joint loss (TRL's vf_coef).")
-    gae_gamma: float = Field(default=1.0, ge=0, le=1, description="ppo: GAE's discount per token.")
-    gae_lambda: float = Field(
-        default=0.95, ge=0, le=1,
-        description="ppo: GAE's lambda: 1 is the return minus the value (Monte Carlo, no bias from the value model); "
-        "lower values lean on the value model's estimates (less variance, its bias).",
-    )
-    filter_uninformative: bool = Field(
-        default=True,
-        description="Drop prompt groups whose k outcome rewards are all equal (no signal for a baseline "
-        "estimator; shaping terms alone, KL, the critic's or the overlong penalty, do not keep a group, as "
-        "DAPO filters by accuracy); their count is logged as groups_filtered. train.max_refill_rounds "
-        "replaces them with new prompts.",
-    )
-    kl_coef: float = Field(default=0.0, ge=0, description="Weight of the KL penalty to the frozen reference (0: no reference model).")
-    kl_coef_final: float | None = Field(
-        default=None, ge=0, description="With kl_schedule_steps, the KL weight moves linearly from kl_coef to this."
-    )
-    kl_schedule_steps: int = Field(default=0, ge=0, description="RL steps over which the KL weight moves to kl_coef_final.")
-    kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="Per-token KL estimate: k1 = log p - log p_ref; k3 = r - 1 - log r.")
-    kl_in: Literal["loss", "reward"] = Field(
-        default="loss",
-        description="loss: a per-token penalty in the loss; reward: the summed KL of each sample is "
-        "subtracted from its reward before advantages (as RLOO in TRL and OpenRLHF).",
-    )
-    normalize_advantages: bool = Field(default=True, description="Scale advantages to unit std over the batch.")
-    dense_rewards: bool = Field(
-        default=False,
-        description="Per-token advantages from the reward service's per-token rewards (the tests' outcome "
-        "spread over the code tokens, lint and syntax penalties on the tokens that caused them): each "
-        "token's advantage is the RLOO advantage of its sample plus dense_coef x its leave-one-out "
-        "reward-to-go (learner/advantages.py dense_advantages). Needs advantage_estimator rloo; the reward "
-        "service then decodes the sampled token ids with the policy's tokenizer (reward.tokenizer_path "
-        "defaults to model.path).",
-    )
-    dense_coef: float = Field(
-        default=1.0, gt=0,
-        description="With dense_rewards, the weight of the per-token term against the sequence advantage "
-        "(both in reward units before whitening).",
-    )
-    dense_gamma: float = Field(
-        default=1.0, ge=0, le=1,
-        description="With dense_rewards, the discount of the reward-to-go: 1 is unbiased, and a penalty also "
-        "falls on every token before it; lower values keep it nearer the tokens that caused it.",
+    kl: KLPenalty | None = Field(
+        default=None,
+        description="A KL penalty to the frozen reference (in the loss or in the reward). Null: none, and no reference model.",
     )
     lora: LoraSettings | None = Field(
         default=None,
@@ -228,20 +327,20 @@ class LearnerConfig(Section):
     )
     seed: int = Field(default=0, description="Seed of the learner.")
 
-    @model_validator(mode="after")
-    def _lora(self) -> "LearnerConfig":
-        if self.lora is not None and self.advantage_estimator == "ppo" and self.value_model == "shared":
-            raise ValueError("lora with value_model shared: a value head on an adapted backbone is not supported; "
-                             "use value_model separate (a value model of its own, trained whole)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variants(cls, data):
+        if isinstance(data, dict):
+            for section, default in (("loss", "clip"), ("advantage", "rloo")):
+                if isinstance(data.get(section), dict) and "type" not in data[section]:
+                    data = {**data, section: {"type": default, **data[section]}}
+        return data
 
     @model_validator(mode="after")
-    def _dense(self) -> "LearnerConfig":
-        if self.dense_rewards and self.advantage_estimator not in ("rloo", "ppo"):
-            raise ValueError(
-                f"dense_rewards needs advantage_estimator 'rloo' (its per-token term is a leave-one-out "
-                f"baseline in reward units) or 'ppo' (GAE over the per-token rewards), got {self.advantage_estimator!r}"
-            )
+    def _lora(self) -> "LearnerConfig":
+        if self.lora is not None and self.advantage.type == "ppo" and self.advantage.value_model == "shared":
+            raise ValueError("lora with advantage.value_model shared: a value head on an adapted backbone is not supported; "
+                             "use value_model separate (a value model of its own, trained whole)")
         if self.overlong_buffer and self.overlong_penalty == 0:
             raise ValueError("overlong_buffer is set but overlong_penalty is 0: the penalty would do nothing")
         return self
@@ -250,7 +349,23 @@ class LearnerConfig(Section):
     def group_baseline(self) -> bool:
         """Whether advantages compare each sample with the others of its prompt (k >= 2 needed;
         groups of equal rewards carry no signal)."""
-        return self.advantage_estimator not in ("reinforce", "ppo")
+        return self.advantage.type not in ("reinforce", "ppo")
+
+    @property
+    def filters_groups(self) -> bool:
+        """Whether a step drops the groups whose outcome rewards are all equal."""
+        return self.group_baseline and self.advantage.filter_uninformative
+
+    @property
+    def dense_rewards(self) -> bool:
+        """Whether the estimator takes the reward service's per-token rewards."""
+        estimator = self.advantage
+        return estimator.dense is not None if estimator.type == "rloo" else estimator.type == "ppo" and estimator.dense_rewards
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the KL term needs the frozen reference's logprobs at some step."""
+        return self.kl is not None and (self.kl.coef > 0 or (self.kl.coef_final or 0) > 0)
 
     @property
     def pushed_adapter_rank(self) -> int | None:
@@ -258,26 +373,19 @@ class LearnerConfig(Section):
         return self.lora.rank if self.lora is not None and self.lora.sync == "adapter" else None
 
     def kl_coef_at(self, step: int) -> float:
-        """The KL weight at RL step `step` (1-based)."""
-        if self.kl_coef_final is None or not self.kl_schedule_steps:
-            return self.kl_coef
-        frac = min(1.0, (step - 1) / self.kl_schedule_steps)
-        return self.kl_coef + (self.kl_coef_final - self.kl_coef) * frac
+        """The KL weight at RL step `step` (1-based); 0 without a KL term."""
+        kl = self.kl
+        if kl is None:
+            return 0.0
+        if kl.coef_final is None or not kl.schedule_steps:
+            return kl.coef
+        frac = min(1.0, (step - 1) / kl.schedule_steps)
+        return kl.coef + (kl.coef_final - kl.coef) * frac
 
-    def loss_config(self, step: int, temperature: float, max_new_tokens: int) -> LossConfig:
-        """The learner's loss at RL step `step` for samples drawn at `temperature` with at most
-        `max_new_tokens` each (a KL in the reward is the algorithm's, not the loss's)."""
-        return LossConfig(
-            clip_eps_low=self.clip_eps if self.clip_eps_low is None else self.clip_eps_low,
-            clip_eps_high=self.clip_eps if self.clip_eps_high is None else self.clip_eps_high,
-            tis_cap=self.tis_cap, kl_coef=self.kl_coef_at(step) if self.kl_in == "loss" else 0.0,
-            kl_estimator=self.kl_estimator, aggregation=self.loss_aggregation, temperature=temperature,
-            surrogate=self.policy_loss, importance_level=self.importance_level, clip_ratio_c=self.clip_ratio_c,
-            clip_delta=self.clip_delta, sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg,
-            vespo_pos=(self.vespo_k_pos, self.vespo_lambda_pos), vespo_neg=(self.vespo_k_neg, self.vespo_lambda_neg),
-            max_new_tokens=max_new_tokens, train_value=self.advantage_estimator == "ppo", value_clip=self.value_clip,
-            value_loss_coef=self.value_loss_coef,
-        )
+    def loss_kl_coef(self, step: int) -> float:
+        """The weight of the per-token KL penalty in the loss at RL step `step` (a KL in the reward
+        is the algorithm's, not the loss's)."""
+        return self.kl_coef_at(step) if self.kl is not None and self.kl.into == "loss" else 0.0
 
 
 class CriticConfig(Section):

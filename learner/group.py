@@ -11,7 +11,8 @@ from common.placement import placement_options
 from common.progress import working
 from learner.actor import Learner, Work
 from learner.batch import TrainSequence
-from learner.losses import LossConfig, loss_normalizer
+from learner.config import PolicyLoss
+from learner.losses import loss_normalizer
 from learner.packing import deal_to_ranks, split_even
 
 
@@ -60,10 +61,13 @@ class LearnerGroup:
 
     # --- steps ---
 
-    def train_step(self, sequences: list[TrainSequence], loss: LossConfig) -> dict[str, float]:
-        """One RL step: the ranks apply `loss` to `sequences` (with their per-token advantages)."""
-        work = self._deal(sequences, self.config.optimizer_steps, loss.aggregation, loss.max_new_tokens)
-        return merge_stats(self._wait([r.train_step.remote(w, loss) for r, w in zip(self.ranks, work)], "train_step"))
+    def train_step(self, sequences: list[TrainSequence], loss: PolicyLoss, temperature: float, kl_coef: float,
+                   max_new_tokens: int) -> dict[str, float]:
+        """One RL step: the ranks apply `loss` (learner.loss) to `sequences` (with their per-token
+        advantages) drawn at `temperature` with at most the rollout's `max_new_tokens`, with a KL
+        penalty of weight `kl_coef` in the loss (0: none)."""
+        work = self._deal(sequences, self.config.optimizer_steps, loss.aggregation, max_new_tokens)
+        return merge_stats(self._wait([r.train_step.remote(w, loss, temperature, kl_coef) for r, w in zip(self.ranks, work)], "train_step"))
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of next-token loss (token mean) on (prompt ids, completion ids) pairs."""
@@ -79,7 +83,7 @@ class LearnerGroup:
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
         dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks), self.config.pack_sequences, self.config.pack_row_tokens)
         results = self._wait([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
-                                                    self.config.kl_estimator if kl else None, values)
+                                                    self.config.kl.estimator if kl else None, values)
                               for r, micros in zip(self.ranks, dealt)], "token_stats")
         out: list[list[list[float]] | None] = [[[] for _ in sequences] if asked else None for asked in (kl, values)]
         for micros, per_rank in zip(dealt, results):

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from learner.config import ClipLoss, PolicyLoss, VespoLoss
+
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     """`t` in float32, or in its own dtype when that is wider: softmaxes over a vocabulary need it."""
@@ -51,33 +53,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 # with a per-sequence weight, divided by a normalizer of the whole mini-batch (`loss_normalizer`),
 # so that the sum of its micro-batches' losses is the mini-batch's loss however it was split.
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-SURROGATES = ("clip", "cispo", "sapo", "vespo")
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """How the learner turns a step's sequences into a loss; the learner applies it as given,
-    whatever algorithm made the advantages."""
-
-    clip_eps_low: float  # the ratio is clipped to [1 - clip_eps_low, 1 + clip_eps_high]
-    clip_eps_high: float
-    tis_cap: float | None  # truncated importance sampling against the sampler's logprobs (None: off)
-    kl_coef: float  # weight of the per-token KL penalty to the reference in the loss (0: none)
-    kl_estimator: str  # "k1" or "k3" (kl_penalty)
-    aggregation: str  # one of AGGREGATIONS
-    temperature: float  # the samples' sampling temperature: logprobs are computed at it
-    surrogate: str = "clip"  # one of SURROGATES (see policy_loss)
-    importance_level: str = "token"  # "token" or "sequence" (GSPO)
-    clip_ratio_c: float | None = None  # dual clip: a bound c > 1 on the loss of negative advantages
-    clip_delta: float | None = None  # two-sided clip: the unclipped ratio is capped at delta
-    sapo_tau_pos: float = 1.0  # SAPO's gate temperatures for positive and negative advantages
-    sapo_tau_neg: float = 1.05
-    vespo_pos: tuple[float, float] = (2.0, 3.0)  # VESPO's gamma weight (k, lambda) for A >= 0
-    vespo_neg: tuple[float, float] = (3.0, 2.0)  # and for A < 0
-    max_new_tokens: int = 0  # the constant normalizer of seq_mean_token_sum_norm (Dr. GRPO)
-    train_value: bool = False  # PPO: train the value model on the sequences' returns (value_loss)
-    value_clip: float | None = 0.5  # value_loss's clip
-    value_loss_coef: float = 0.1  # the value loss's weight when it shares the policy's backbone
+# sapo and vespo clip nothing: their clip fractions count the ratios outside PPO's usual band, to
+# compare them with a clip run's.
+REPORT_BAND = 0.2
 
 
 @dataclass
@@ -116,28 +94,29 @@ def _row_weights(aggregation: str, mask: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(mask[:, :1])
 
 
-def _gamma_weight(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, config: LossConfig) -> torch.Tensor:
+def _gamma_weight(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, loss: VespoLoss) -> torch.Tensor:
     """VESPO's per-sequence weight phi(w) = e^lambda w^k e^(-lambda w) of the sequence's importance
     ratio w (the product of its token ratios), with (k, lambda) by the advantage's sign; no gradient."""
     with torch.no_grad():
         floor = math.log(1e-8)
         log_w = (log_ratio.clamp(-20.0, 20.0) * mask).sum(dim=-1, keepdim=True).clamp(floor, 20.0)
         nonneg = advantages >= 0
-        k = torch.where(nonneg, config.vespo_pos[0], config.vespo_neg[0])
-        lam = torch.where(nonneg, config.vespo_pos[1], config.vespo_neg[1]).clamp(min=1e-4)
+        k = torch.where(nonneg, loss.k_pos, loss.k_neg)
+        lam = torch.where(nonneg, loss.lambda_pos, loss.lambda_neg).clamp(min=1e-4)
         return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def policy_loss(inputs: LossInputs, config: LossConfig, normalizer: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_estimator: str = "k3",
+                normalizer: float | None = None, max_new_tokens: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy-gradient loss over the masked tokens, with an optional KL penalty.
 
     The ratio r is taken against the learner's own logprobs at the start of the step, per token or
     (importance_level "sequence", GSPO) as the length-normalized geometric mean of a sequence's
-    token ratios, the same for all its tokens. The surrogate:
+    token ratios, the same for all its tokens. The surrogate, by `loss.type`:
 
     - clip (PPO; GRPO, DAPO, Dr. GRPO, GSPO): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), with
-      clip-higher when eps_high > eps_low; `clip_delta` caps the unclipped r (two-sided clip);
-      `clip_ratio_c` bounds the loss of a negative advantage at -c A (dual clip);
+      clip-higher when eps_high > eps_low; `delta` caps the unclipped r (two-sided clip);
+      `dual_clip` bounds the loss of a negative advantage at -c A;
     - cispo: -sg(min(r, 1 + eps_high)) A log p: the importance weight is clipped and carries no
       gradient, so every token keeps a REINFORCE gradient (MiniMax-M1);
     - sapo: -sigmoid(tau (r - 1)) 4 / tau A: a soft gate in place of the hard clip, tau by A's sign;
@@ -149,48 +128,46 @@ def policy_loss(inputs: LossInputs, config: LossConfig, normalizer: float | None
     (truncated importance sampling); vespo folds that ratio into w instead.
 
     The loss is the sum of the per-token terms, each sequence's weighted by the aggregation
-    (_row_weights), divided by `normalizer`: by default the batch's own (loss_normalizer). A learner
+    (_row_weights), divided by `normalizer`: by default the batch's own (loss_normalizer, which needs
+    the rollout's `max_new_tokens` for seq_mean_token_sum_norm). A learner
     that splits a mini-batch into micro-batches passes the mini-batch's normalizer, so that the sum
-    of micro-batch losses is the mini-batch's loss. The KL penalty to the reference uses
-    `kl_estimator` (see kl_penalty) and is aggregated with the policy term.
+    of micro-batch losses is the mini-batch's loss. A KL penalty to the reference of weight
+    `kl_coef` uses `kl_estimator` (see kl_penalty) and is aggregated with the policy term.
     """
-    if config.surrogate not in SURROGATES:
-        raise ValueError(f"unknown policy loss surrogate {config.surrogate!r}; valid: {', '.join(SURROGATES)}")
-    if config.importance_level not in ("token", "sequence"):
-        raise ValueError(f"unknown importance level {config.importance_level!r}: expected 'token' or 'sequence'")
     logprobs, advantages = inputs.logprobs, inputs.advantages
     mask = inputs.mask.to(logprobs.dtype)
     log_ratio = logprobs - inputs.step_start_logprobs
-    if config.importance_level == "sequence":
+    if getattr(loss, "importance_level", "token") == "sequence":
         sequence = (log_ratio * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
         ratio = torch.exp(sequence).expand_as(logprobs)
     else:
         ratio = torch.exp(log_ratio)
-    low, high = 1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high
+    low = 1.0 - (loss.eps_low if isinstance(loss, ClipLoss) else REPORT_BAND)
+    high = 1.0 + getattr(loss, "eps_high", REPORT_BAND)
     tis = None
-    if config.tis_cap is not None:
+    if loss.tis_cap is not None:
         raw = torch.exp(inputs.step_start_logprobs - inputs.sampler_logprobs).detach()
-        tis = raw.clamp(max=config.tis_cap)
+        tis = raw.clamp(max=loss.tis_cap)
     stats: dict[str, float] = {}
-    if config.surrogate == "clip":
-        unclipped = ratio if config.clip_delta is None else ratio.clamp(max=config.clip_delta)
+    if loss.type == "clip":
+        unclipped = ratio if loss.delta is None else ratio.clamp(max=loss.delta)
         per_token = -torch.min(unclipped * advantages, torch.clamp(ratio, low, high) * advantages)
-        if config.clip_ratio_c is not None:
-            dual = (advantages < 0) & (ratio > config.clip_ratio_c)
-            per_token = torch.where(advantages < 0, torch.min(per_token, -config.clip_ratio_c * advantages), per_token)
+        if loss.dual_clip is not None:
+            dual = (advantages < 0) & (ratio > loss.dual_clip)
+            per_token = torch.where(advantages < 0, torch.min(per_token, -loss.dual_clip * advantages), per_token)
             stats["clip_fraction_dual"] = masked_mean(dual.to(mask.dtype), mask).item()
         clipped_low = (ratio < low) & (advantages < 0)
         clipped_high = (ratio > high) & (advantages > 0)
-    elif config.surrogate == "cispo":
+    elif loss.type == "cispo":
         per_token = -ratio.clamp(max=high).detach() * advantages * logprobs
         clipped_low, clipped_high = torch.zeros_like(mask, dtype=torch.bool), ratio > high
-    elif config.surrogate == "sapo":
-        tau = torch.where(advantages > 0, config.sapo_tau_pos, config.sapo_tau_neg)
+    elif loss.type == "sapo":
+        tau = torch.where(advantages > 0, loss.tau_pos, loss.tau_neg)
         per_token = -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages
         clipped_low, clipped_high = (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0)
     else:  # vespo
         mismatch = 0.0 if tis is None else torch.log(tis.clamp(min=1e-8))
-        phi = _gamma_weight(log_ratio + mismatch, advantages, mask, config)
+        phi = _gamma_weight(log_ratio + mismatch, advantages, mask, loss)
         per_token = -phi * advantages * logprobs
         stats["vespo_weight_mean"] = masked_mean(phi.expand_as(mask), mask).item()
         clipped_low, clipped_high = (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0)
@@ -201,23 +178,20 @@ def policy_loss(inputs: LossInputs, config: LossConfig, normalizer: float | None
         ratio_mean=masked_mean(ratio, mask).item(),
     )
     if tis is not None:
-        if config.surrogate != "vespo":
+        if loss.type != "vespo":
             per_token = per_token * tis
         stats["tis_weight_mean"] = masked_mean(tis, mask).item()
         stats["tis_truncated_fraction"] = masked_mean((tis < raw).to(mask.dtype), mask).item()
     stats["pg_loss"] = masked_mean(per_token, mask).item()
-    if config.kl_coef > 0:
+    if kl_coef > 0:
         if inputs.reference_logprobs is None:
             raise ValueError("kl_coef > 0 needs the reference's logprobs")
-        kl = kl_penalty(logprobs, inputs.reference_logprobs, config.kl_estimator)
-        per_token = per_token + config.kl_coef * kl
+        kl = kl_penalty(logprobs, inputs.reference_logprobs, kl_estimator)
+        per_token = per_token + kl_coef * kl
         stats["kl"] = masked_mean(kl, mask).item()
     if normalizer is None:
-        normalizer = loss_normalizer(config.aggregation, mask.sum(dim=1).tolist(), config.max_new_tokens)
-    elif config.aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation {config.aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
-    loss = (per_token * mask * _row_weights(config.aggregation, mask)).sum() / normalizer
-    return loss, stats
+        normalizer = loss_normalizer(loss.aggregation, mask.sum(dim=1).tolist(), max_new_tokens)
+    return (per_token * mask * _row_weights(loss.aggregation, mask)).sum() / normalizer, stats
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

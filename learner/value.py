@@ -1,6 +1,6 @@
 """PPO's value model: a scalar estimate of the return before each token, from a causal LM's backbone.
 
-Two forms (learner.value_model): a model of its own (`ValueModel`: the policy's backbone, copied
+Two forms (learner.advantage.value_model): a model of its own (`ValueModel`: the policy's backbone, copied
 from the policy when RL starts, and a head; its own optimizer), or a head on the policy's own
 backbone (`add_value_head`; the value loss joins the policy's). Either way the head starts at zero,
 so the first step's advantages are the returns themselves, and the value at position t (the hidden

@@ -47,10 +47,10 @@ def test_rloo_advantages_whitened_over_the_kept_groups_and_uniform_groups_droppe
 
 def test_without_filtering_or_whitening_and_with_reinforce():
     rewards = [[1.0, 0.0], [0.0, 0.0]]
-    config = LearnerConfig(filter_uninformative=False, normalize_advantages=False)
+    config = LearnerConfig(advantage={"filter_uninformative": False, "normalize": False})
     batch = build_batch(to_sequences(groups_of(rewards, tokens=1)), config, step=1)
     assert [s.advantages for s in batch.sequences] == [[1.0], [-1.0], [0.0], [0.0]]
-    reinforce = build_batch(to_sequences(groups_of(rewards, tokens=1)), LearnerConfig(advantage_estimator="reinforce", normalize_advantages=False), step=1)
+    reinforce = build_batch(to_sequences(groups_of(rewards, tokens=1)), LearnerConfig(advantage={"type": "reinforce", "normalize": False}), step=1)
     assert reinforce.kept.all() and [s.advantages for s in reinforce.sequences] == [[1.0], [0.0], [0.0], [0.0]]
 
 
@@ -60,7 +60,7 @@ def test_every_turn_of_a_trajectory_trains_with_its_advantage_and_the_policy_mas
     second = trajectory(TASKS[0], turn(2, reward(0.0), start=20))
     samples = to_sequences([[first, second]])
     assert [len(t) for t in samples.sequences[0]] == [2, 1] and samples.rewards.tolist() == [[1.0, 0.0]]
-    batch = build_batch(samples, LearnerConfig(normalize_advantages=False), step=1)
+    batch = build_batch(samples, LearnerConfig(advantage={"normalize": False}), step=1)
     assert [s.advantages for s in batch.sequences] == [[1.0, 1.0], [1.0, 1.0, 1.0], [-1.0, -1.0]]
     assert batch.sequences[1].mask == [True, False, True] and batch.sequences[1].prompt_ids == [99, 5]
 
@@ -71,27 +71,27 @@ def test_kl_in_the_reward_sums_a_trajectorys_turns():
     samples = to_sequences([[first, second]])
     # per token, flat order: trajectory 0's two turns, then trajectory 1's; an environment's token's is not the policy's
     samples.turn_kl = [[0.5], [1.0, 9.0, 0.5], [0.25]]
-    config = LearnerConfig(kl_coef=0.1, kl_in="reward", normalize_advantages=False, filter_uninformative=False)
+    config = LearnerConfig(kl={"coef": 0.1, "into": "reward"}, advantage={"normalize": False, "filter_uninformative": False})
     batch = build_batch(samples, config, step=1)
     assert batch.rewards[0].tolist() == pytest.approx([1.0 - 0.1 * 2.0, 1.0 - 0.1 * 0.25])
     assert batch.metrics["kl_sequence_mean"] == pytest.approx(1.125)
     with pytest.raises(ValueError, match="KL to the reference is needed"):
         build_batch(to_sequences([[first, second]]), config, step=1)
     # KL in the loss: the rewards are the outcomes
-    assert build_batch(to_sequences([[first, second]]), LearnerConfig(kl_coef=0.1), step=1).rewards.tolist() == [[1.0, 1.0]]
+    assert build_batch(to_sequences([[first, second]]), LearnerConfig(kl={"coef": 0.1}), step=1).rewards.tolist() == [[1.0, 1.0]]
 
 
 def test_the_critics_term_is_added_to_the_rewards():
     samples = to_sequences(groups_of([[1.0, 0.0]]))
     samples.critic_p_passed = torch.tensor([[0.5, 0.25]])
-    batch = build_batch(samples, LearnerConfig(normalize_advantages=False), step=1, critic_coef=0.2)
+    batch = build_batch(samples, LearnerConfig(advantage={"normalize": False}), step=1, critic_coef=0.2)
     assert batch.rewards[0].tolist() == pytest.approx([1.1, 0.05])
 
 
 def test_dense_rewards_give_per_token_advantages_whitened_over_the_kept_tokens():
     rows = [[[0.5, 0.5], [0.0]], [[0.1], [0.1]]]  # group 1 is uniform: dropped
     groups = [[trajectory(TASKS[g], turn(len(r), reward(sum(r), r), start=10 * g + j)) for j, r in enumerate(row)] for g, row in enumerate(rows)]
-    config = LearnerConfig(dense_rewards=True, dense_coef=1.0)
+    config = LearnerConfig(advantage={"dense": {"coef": 1.0}})
     batch = build_batch(to_sequences(groups, token_rewards=True), config, step=1)
     advantages = rloo_advantages(torch.tensor([[1.0, 0.0], [0.1, 0.1]]))
     per_token = torch.tensor([[[0.5, 0.5], [0.0, 0.0]], [[0.1, 0.0], [0.1, 0.0]]])
@@ -119,9 +119,9 @@ def test_per_token_rewards_need_single_turn_trajectories():
 def test_truncated_completions_are_masked_out_of_the_loss_but_count_in_the_baseline():
     groups = groups_of([[1.0, 0.0, 0.0, 1.0]], tokens=3)
     groups[0][1].turns[0].truncated = True
-    plain = build_batch(to_sequences(groups), LearnerConfig(normalize_advantages=False), step=1)
+    plain = build_batch(to_sequences(groups), LearnerConfig(advantage={"normalize": False}), step=1)
     assert all(s.mask == [True] * 3 for s in plain.sequences) and plain.metrics["truncated_fraction"] == 0.25
-    masked = build_batch(to_sequences(groups), LearnerConfig(normalize_advantages=False, mask_truncated=True), step=1)
+    masked = build_batch(to_sequences(groups), LearnerConfig(advantage={"normalize": False}, mask_truncated=True), step=1)
     assert [s.mask for s in masked.sequences] == [[True] * 3, [False] * 3, [True] * 3, [True] * 3]
     # the advantages are RLOO's over all four rewards, the truncated sample's included
     assert [s.advantages[0] for s in masked.sequences] == pytest.approx(rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))[0].tolist())
@@ -130,13 +130,13 @@ def test_truncated_completions_are_masked_out_of_the_loss_but_count_in_the_basel
 def test_the_overlong_penalty_is_a_reward_term_by_length():
     # max_new_tokens 8, buffer 4: 5 tokens lose 1/4, 8 tokens lose all of overlong_penalty (0.5)
     group = [trajectory(TASKS[0], turn(n, reward(1.0), start=10 * j)) for j, n in enumerate([2, 5, 8])]
-    config = LearnerConfig(overlong_buffer=4, overlong_penalty=0.5, normalize_advantages=False, filter_uninformative=False)
+    config = LearnerConfig(overlong_buffer=4, overlong_penalty=0.5, advantage={"normalize": False, "filter_uninformative": False})
     batch = build_batch(to_sequences([group]), config, step=1, max_new_tokens=8)
     assert batch.rewards.tolist() == [[1.0, 1.0 - 0.125, 1.0 - 0.5]]
     assert batch.metrics["overlong_penalty_mean"] == pytest.approx(-0.625 / 3)
     assert [s.advantages[0] for s in batch.sequences] == pytest.approx(rloo_advantages(batch.rewards)[0].tolist())
     # with filtering, a group is informative by its outcomes: length alone does not keep it (as DAPO filters by accuracy)
-    filtered = build_batch(to_sequences([group]), config.model_copy(update={"filter_uninformative": True}), step=1, max_new_tokens=8)
+    filtered = build_batch(to_sequences([group]), config.model_copy(update={"advantage": config.advantage.model_copy(update={"filter_uninformative": True})}), step=1, max_new_tokens=8)
     assert filtered.kept.tolist() == [False] and filtered.metrics["groups_filtered"] == 1
     with pytest.raises(ValueError, match="the rollout's max_new_tokens is needed"):
         build_batch(to_sequences([group]), config, step=1)
@@ -144,7 +144,7 @@ def test_the_overlong_penalty_is_a_reward_term_by_length():
 
 def test_dr_grpo_estimator_through_the_seam():
     batch = build_batch(to_sequences(groups_of([[1.0, 0.0, 0.0, 0.0]], tokens=1)),
-                        LearnerConfig(advantage_estimator="dr_grpo", normalize_advantages=False), step=1)
+                        LearnerConfig(advantage={"type": "dr_grpo", "normalize": False}), step=1)
     assert [s.advantages for s in batch.sequences] == [[0.75], [-0.25], [-0.25], [-0.25]]
 
 
@@ -202,18 +202,18 @@ def test_refill_needs_filtering_and_a_baseline():
     from coderloo.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="turn filtering on"):
-        load_config("configs/default.yaml", ["train.max_refill_rounds=2", "learner.filter_uninformative=false"])
+        load_config("configs/default.yaml", ["train.max_refill_rounds=2", "learner.advantage.filter_uninformative=false"])
 
 
 # --- PPO: GAE over each trajectory's policy tokens ---
 
-PPO = dict(advantage_estimator="ppo", normalize_advantages=False, gae_gamma=1.0, gae_lambda=1.0)
+PPO = dict(type="ppo", normalize=False, gae_gamma=1.0, gae_lambda=1.0)
 
 
 def test_ppo_advantages_by_gae_with_one_sample_per_prompt_and_every_group_kept():
     samples = to_sequences(groups_of([[1.0], [0.0]], tokens=3))  # k = 1; group 1 has no signal for a group baseline
     samples.turn_values = [[0.1, 0.2, 0.3], [0.0, 0.5, 0.5]]
-    batch = build_batch(samples, LearnerConfig(**{**PPO, "gae_lambda": 0.5}), step=1)
+    batch = build_batch(samples, LearnerConfig(advantage={**PPO, "gae_lambda": 0.5}), step=1)
     values = torch.tensor(samples.turn_values)
     advantages, returns = gae(torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]), values, torch.ones(2, 3, dtype=torch.bool), 1.0, 0.5)
     assert batch.kept.tolist() == [True, True] and batch.metrics["groups_filtered"] == 0
@@ -223,24 +223,24 @@ def test_ppo_advantages_by_gae_with_one_sample_per_prompt_and_every_group_kept()
     assert batch.metrics["explained_variance"] == pytest.approx(explained_variance(values.flatten(), returns.flatten()))
     # whitened over the batch's tokens, mean included
     samples.turn_values = values.tolist()
-    white = build_batch(samples, LearnerConfig(**{**PPO, "normalize_advantages": True}), step=1)
+    white = build_batch(samples, LearnerConfig(advantage={**PPO, "normalize": True}), step=1)
     flat = torch.tensor([a for s in white.sequences for a in s.advantages])
     assert flat.mean().item() == pytest.approx(0.0, abs=1e-6) and flat.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)
     with pytest.raises(ValueError, match="value model's estimates"):
-        build_batch(to_sequences(groups_of([[1.0]])), LearnerConfig(**PPO), step=1)
+        build_batch(to_sequences(groups_of([[1.0]])), LearnerConfig(advantage=PPO), step=1)
 
 
 def test_ppo_with_dense_rewards_puts_penalties_on_their_tokens_and_the_rest_of_the_outcome_last():
     r = reward(1.0, token_rewards=[0.4, 0.2, 0.4], token_penalties=[0.0, -0.2, 0.0])  # lint on token 1
     samples = to_sequences([[trajectory(TASKS[0], turn(3, r))]], token_rewards=True)
     samples.turn_values = [[0.0, 0.0, 0.0]]
-    batch = build_batch(samples, LearnerConfig(**PPO, dense_rewards=True), step=1)
+    batch = build_batch(samples, LearnerConfig(advantage={**PPO, "dense_rewards": True}), step=1)
     # step rewards [0, -0.2, 1.2] (they sum to the outcome); lam = 1, no values: the reward-to-go
     assert batch.sequences[0].advantages == pytest.approx([1.0, 1.0, 1.2])
     no_penalties = to_sequences([[trajectory(TASKS[0], turn(3, reward(1.0, token_rewards=[0.3, 0.3, 0.4])))]], token_rewards=True)
     no_penalties.turn_values = [[0.0] * 3]
     with pytest.raises(ValueError, match="group 0, sample 0: ppo with dense_rewards needs the reward service's token penalties"):
-        build_batch(no_penalties, LearnerConfig(**PPO, dense_rewards=True), step=1)
+        build_batch(no_penalties, LearnerConfig(advantage={**PPO, "dense_rewards": True}), step=1)
 
 
 def test_ppo_runs_through_a_multi_turn_trajectory_skipping_environment_tokens_with_kl_per_token():
@@ -249,7 +249,7 @@ def test_ppo_runs_through_a_multi_turn_trajectory_skipping_environment_tokens_wi
     samples = to_sequences([[first, second]])
     samples.turn_values = [[0.1, 0.2], [0.3, 9.0, 0.4], [0.5]]
     samples.turn_kl = [[0.5, 0.0], [0.0, 7.0, 1.0], [0.0]]
-    batch = build_batch(samples, LearnerConfig(**PPO, kl_coef=0.1, kl_in="reward"), step=1)
+    batch = build_batch(samples, LearnerConfig(advantage=PPO, kl={"coef": 0.1, "into": "reward"}), step=1)
     # trajectory 0's steps: its 4 policy tokens, rewards [-0.05, 0, 0, 1 - 0.1]; returns 0.85, 0.9, 0.9, 0.9
     turn1, turn2, other = batch.sequences
     assert turn1.advantages == pytest.approx([0.75, 0.7]) and turn1.returns == pytest.approx([0.85, 0.9])
@@ -263,6 +263,6 @@ def test_ppo_masks_truncated_completions_after_their_advantages():
     groups[0][0].turns[0].truncated = True
     samples = to_sequences(groups)
     samples.turn_values = [[0.0, 0.0], [0.0, 0.0]]
-    batch = build_batch(samples, LearnerConfig(**PPO, mask_truncated=True), step=1)
+    batch = build_batch(samples, LearnerConfig(advantage=PPO, mask_truncated=True), step=1)
     assert batch.sequences[0].mask == [False, False] and batch.sequences[1].mask == [True, True]
     assert batch.sequences[1].advantages == pytest.approx([1.0, 1.0])

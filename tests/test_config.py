@@ -1,9 +1,13 @@
-"""Configs: the shipped YAML files validate; bad input names the field and the reason."""
+"""Configs: the shipped YAML files validate against the schema; bad input names the field and the
+reason; a field of an earlier shape names its new place."""
+import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from coderloo.config import ConfigError, load_config, parse_overrides
+from coderloo.config import MOVED, ConfigError, config_schema, load_config, parse_overrides
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -13,12 +17,19 @@ def test_shipped_configs_validate(path):
     load_config(path)
 
 
+def test_the_schema_defaults_are_what_make_train_runs():
+    assert load_config(None) == load_config("configs/default.yaml")
+
+
 def test_overrides_are_typed_and_nested():
-    cfg = load_config("configs/default.yaml", ["learner.lr=1e-5", 'rollout.stop=["\\n\\n"]', "reward.limits.memory_mb=256", "learner.normalize_advantages=false"])
+    cfg = load_config("configs/default.yaml", ["learner.lr=1e-5", 'rollout.stop=["\\n\\n"]', "reward.limits.memory_mb=256",
+                                               "learner.advantage.normalize=false", "learner.loss.eps_high=0.28"])
     assert cfg.learner.lr == 1e-5
     assert cfg.rollout.stop == ["\n\n"]
     assert cfg.reward.limits.memory_mb == 256
-    assert cfg.learner.normalize_advantages is False
+    assert cfg.learner.advantage.normalize is False
+    # a variant's section without its type is the default variant's
+    assert (cfg.learner.loss.type, cfg.learner.loss.eps_low, cfg.learner.loss.eps_high) == ("clip", 0.2, 0.28)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +44,10 @@ def test_overrides_are_typed_and_nested():
         ("eval.k=[1,16]", "eval", "each k must be between 1 and samples_per_task=8"),
         ("tasks.train_set=mbpp", "tasks", "train_path is required"),
         ("learner.num_ranks=512", "config", "cannot fill learner.optimizer_steps x learner.num_ranks = 1024"),
-        ("learner.advantage_estimator=a2c", "learner.advantage_estimator", "'rloo', 'grpo', 'dr_grpo', 'reinforce_pp', 'reinforce' or 'ppo'"),
+        ("learner.advantage.type=a2c", "learner.advantage", "'rloo', 'grpo', 'dr_grpo', 'reinforce_pp', 'reinforce', 'ppo'"),
+        ("learner.loss.type=ppo", "learner.loss", "'clip', 'cispo', 'sapo', 'vespo'"),
+        ("learner.loss.eps_low=1.5", "learner.loss.clip.eps_low", "less than 1"),
+        ("learner.kl.into=reward", "learner.kl.coef", "Field required"),
         ("rollout.weight_sync.transport=mpi", "rollout.weight_sync.transport", "'gloo' or 'nccl'"),
         ("rollout.dtype=float16", "rollout.dtype", "'float32' or 'bfloat16'"),
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization", "less than or equal to 1"),
@@ -45,6 +59,74 @@ def test_invalid_field_is_named_with_its_reason(override, field, reason):
         load_config("configs/default.yaml", [override])
     assert f"  {field}" in str(err.value)
     assert reason in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["learner.loss.type=sapo", "learner.loss.eps_low=0.1"], "learner.loss.sapo.eps_low"),
+    (["learner.loss.type=vespo", "learner.loss.importance_level=sequence"], "learner.loss.vespo.importance_level"),
+    (["learner.advantage.type=grpo", "learner.advantage.dense={}"], "learner.advantage.grpo.dense"),
+    (["learner.advantage.value_model=shared"], "learner.advantage.rloo.value_model"),
+    (["learner.advantage.type=ppo", "learner.advantage.filter_uninformative=false"], "learner.advantage.ppo.filter_uninformative"),
+])
+def test_a_variant_takes_only_its_own_fields(overrides, field):
+    with pytest.raises(ConfigError, match=re.escape(f"  {field}: Extra inputs are not permitted")):
+        load_config("configs/default.yaml", overrides)
+
+
+def _schema_has(schema: dict, dotted: str) -> bool:
+    """Whether the dotted path is a field of the config's schema (in any variant of a union)."""
+    nodes = [schema]
+    for key in dotted.split("."):
+        found = []
+        while nodes:
+            node = nodes.pop()
+            if "$ref" in node:
+                nodes.append(schema["$defs"][node["$ref"].rsplit("/", 1)[-1]])
+                continue
+            nodes += node.get("oneOf", []) + node.get("anyOf", [])
+            if key in node.get("properties", {}):
+                found.append(node["properties"][key])
+        nodes = found
+    return bool(nodes)
+
+
+@pytest.mark.parametrize("old", list(MOVED))
+def test_a_moved_field_names_its_new_place_in_a_file_and_an_override(old, tmp_path):
+    new = MOVED[old]
+    tree = value = {}
+    keys = old.split(".")
+    for key in keys[:-1]:
+        value = value.setdefault(key, {})
+    value[keys[-1]] = 1
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError, match=re.escape(f"config file {path}: {old} was moved: use {new}")):
+        load_config(path)
+    (tmp_path / "child.yaml").write_text("extends: old.yaml\n")  # a file it extends, too
+    with pytest.raises(ConfigError, match=re.escape(f"{old} was moved")):
+        load_config(tmp_path / "child.yaml")
+    with pytest.raises(ConfigError, match=re.escape(f"override: {old} was moved: use {new}")):
+        load_config("configs/default.yaml", [f"{old}=1"])
+    # every place it names is a field of the schema
+    schema = config_schema()
+    places = re.findall(r"\b(?:learner|env)(?:\.\w+)+", new) or [new.split()[0]]
+    assert places and all(_schema_has(schema, p) for p in places), places
+
+
+def test_the_schema_checks_every_shipped_file_and_names_the_variants(capsys):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = config_schema()
+    for path in CONFIGS:
+        jsonschema.validate(yaml.safe_load(path.read_text()) or {}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"learner": {"loss": {"type": "sapo", "eps_low": 0.1}}}, schema)
+    learner = schema["$defs"]["LearnerConfig"]["properties"]
+    assert set(learner["loss"]["discriminator"]["mapping"]) == {"clip", "cispo", "sapo", "vespo"}
+    assert set(learner["advantage"]["discriminator"]["mapping"]) == {"rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce", "ppo"}
+    from coderloo.cli import main
+
+    assert main(["config", "schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == schema
 
 
 def test_malformed_override_and_file(tmp_path):
@@ -61,28 +143,29 @@ def test_malformed_override_and_file(tmp_path):
 def test_cli_rejects_invalid_config_before_starting(capsys):
     from coderloo.cli import main
 
-    assert main(["train", "--config", "configs/default.yaml", "learner.clip_eps=2"]) == 2
-    assert "learner.clip_eps: Input should be less than 1" in capsys.readouterr().err
+    assert main(["train", "--config", "configs/default.yaml", "learner.loss.eps_low=2"]) == 2
+    assert "learner.loss.clip.eps_low: Input should be less than 1" in capsys.readouterr().err
 
 
-def test_kl_schedule_is_linear_then_flat():
-    config = load_config(None, ["learner.kl_coef=0.1", "learner.kl_coef_final=0.0", "learner.kl_schedule_steps=10"])
+def test_kl_is_absent_by_default_and_its_schedule_is_linear_then_flat():
+    assert load_config(None).learner.kl is None and load_config(None).learner.kl_coef_at(1) == 0.0
+    config = load_config(None, ["learner.kl.coef=0.1", "learner.kl.coef_final=0.0", "learner.kl.schedule_steps=10"])
     assert [round(config.learner.kl_coef_at(s), 3) for s in (1, 6, 11, 50)] == [0.1, 0.05, 0.0, 0.0]
-    assert load_config(None, ["learner.kl_coef=0.2"]).learner.kl_coef_at(99) == 0.2
+    assert load_config(None, ["learner.kl.coef=0.2"]).learner.kl_coef_at(99) == 0.2
+    # a KL in the reward is the algorithm's: none of it in the loss
+    assert load_config(None, ["learner.kl.coef=0.2", "learner.kl.into=reward"]).learner.loss_kl_coef(1) == 0.0
 
 
-def test_dense_rewards_give_the_reward_service_the_policy_tokenizer_and_need_rloo():
+def test_dense_rewards_give_the_reward_service_the_policy_tokenizer():
     from coderloo.runtime import REPO_ROOT
 
     assert load_config("configs/default.yaml").reward.tokenizer_path is None  # no per-token rewards: no cost
-    cfg = load_config("configs/default.yaml", ["learner.dense_rewards=true"])
+    cfg = load_config("configs/default.yaml", ["learner.advantage.dense={}"])
     assert cfg.reward.tokenizer_path == str(REPO_ROOT / ".cache/tiny-qwen2")  # absolute: the replicas' cwd may differ
-    cfg = load_config(None, ["learner.dense_rewards=true", "model.path=/models/m", "reward.tokenizer_path=/tok"])
+    cfg = load_config(None, ["learner.advantage.dense={}", "model.path=/models/m", "reward.tokenizer_path=/tok"])
     assert cfg.reward.tokenizer_path == "/tok"
-    with pytest.raises(ConfigError, match="dense_rewards needs advantage_estimator 'rloo'.*got 'grpo'"):
-        load_config(None, ["learner.dense_rewards=true", "learner.advantage_estimator=grpo"])
-    with pytest.raises(ConfigError, match="learner.dense_gamma"):
-        load_config(None, ["learner.dense_gamma=1.5"])
+    with pytest.raises(ConfigError, match="learner.advantage.rloo.dense.gamma"):
+        load_config(None, ["learner.advantage.dense.gamma=1.5"])
 
 
 def test_engine_options_and_placement_fields():
@@ -108,12 +191,12 @@ def test_placement_options_leave_ray_defaults_alone():
 
 def test_a_config_extends_another_section_by_section(tmp_path):
     base = tmp_path / "base.yaml"
-    base.write_text("learner:\n  lr: 1.0e-3\n  clip_eps: 0.1\ntrain:\n  steps: 7\n")
+    base.write_text("learner:\n  lr: 1.0e-3\n  loss:\n    eps_low: 0.1\n    eps_high: 0.1\ntrain:\n  steps: 7\n")
     (tmp_path / "sub").mkdir()
     child = tmp_path / "sub" / "child.yaml"
-    child.write_text("extends: ../base.yaml\nlearner:\n  clip_eps: 0.3\n")
+    child.write_text("extends: ../base.yaml\nlearner:\n  loss:\n    eps_high: 0.3\n")
     config = load_config(child, ["train.steps=9"])
-    assert (config.learner.lr, config.learner.clip_eps, config.train.steps) == (1e-3, 0.3, 9)
+    assert (config.learner.lr, config.learner.loss.eps_low, config.learner.loss.eps_high, config.train.steps) == (1e-3, 0.1, 0.3, 9)
     (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(ConfigError, match="extends loop.yaml makes a cycle"):
         load_config(tmp_path / "loop.yaml")
@@ -122,38 +205,21 @@ def test_a_config_extends_another_section_by_section(tmp_path):
         load_config(tmp_path / "orphan.yaml")
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("dapo", {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "aggregation": "token_mean"}),
-    ("dr-grpo", {"aggregation": "seq_mean_token_sum_norm"}),
-    ("gspo", {"importance_level": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "aggregation": "seq_mean_token_mean"}),
-])
-def test_method_presets_are_the_default_with_their_papers_settings(name, expected):
+@pytest.mark.parametrize("name", ["dapo", "dr-grpo", "gspo", "ppo"])
+def test_method_presets_change_only_the_algorithm_and_the_run_directory(name):
     preset, default = load_config(f"configs/{name}.yaml"), load_config("configs/default.yaml")
-    loss = preset.learner.loss_config(1, 1.0, preset.rollout.max_new_tokens)
-    assert {key: getattr(loss, key) for key in expected} == expected
     assert preset.rollout == default.rollout and preset.sft == default.sft and preset.tasks == default.tasks
     assert preset.train.output_dir == f"runs/{name}"  # never the default's run directory
-    estimator = {"dapo": "grpo", "dr-grpo": "dr_grpo", "gspo": "grpo"}[name]
-    assert preset.learner.advantage_estimator == estimator and not preset.learner.normalize_advantages
-    if name == "dapo":
-        assert preset.train.max_refill_rounds == 3 and preset.learner.overlong_buffer == 10
 
 
-def test_ppo_preset_and_the_estimators_that_take_one_sample_per_prompt():
-    preset, default = load_config("configs/ppo.yaml"), load_config("configs/default.yaml")
-    learner = preset.learner
-    assert (learner.advantage_estimator, learner.value_model, learner.dense_rewards, learner.kl_in) == ("ppo", "separate", True, "reward")
-    assert learner.loss_config(1, 1.0, 48).train_value and not default.learner.loss_config(1, 1.0, 48).train_value
-    assert preset.rollout == default.rollout and preset.train.output_dir == "runs/ppo"
-    assert preset.reward.tokenizer_path is not None  # the dense rewards' tokenizer, as for rloo+dense
+def test_estimators_that_take_one_sample_per_prompt_and_what_ppo_cannot_do():
     # k = 1: the estimators without a group baseline take it, the others name the field
     for estimator in ("ppo", "reinforce"):
-        assert load_config("configs/default.yaml", [f"learner.advantage_estimator={estimator}", "rollout.samples_per_prompt=1"])
-    with pytest.raises(ConfigError, match="rollout.samples_per_prompt=1: advantage_estimator rloo compares the samples"):
+        assert load_config("configs/default.yaml", [f"learner.advantage.type={estimator}", "rollout.samples_per_prompt=1"])
+    with pytest.raises(ConfigError, match="rollout.samples_per_prompt=1: advantage rloo compares the samples"):
         load_config("configs/default.yaml", ["rollout.samples_per_prompt=1"])
-    with pytest.raises(ConfigError, match="train.replay_groups with advantage_estimator ppo"):
+    with pytest.raises(ConfigError, match="train.replay_groups with advantage ppo"):
         load_config("configs/ppo.yaml", ["train.replay_groups=2"])
-    with pytest.raises(ConfigError, match="max_refill_rounds: advantage_estimator ppo keeps every group"):
+    with pytest.raises(ConfigError, match="max_refill_rounds: advantage ppo keeps every group"):
         load_config("configs/ppo.yaml", ["train.max_refill_rounds=2"])
-    with pytest.raises(ConfigError, match="dense_rewards needs advantage_estimator 'rloo'.* or 'ppo'"):
-        load_config("configs/default.yaml", ["learner.dense_rewards=true", "learner.advantage_estimator=grpo"])
+    assert load_config("configs/ppo.yaml").reward.tokenizer_path is not None  # the dense rewards' tokenizer

@@ -64,10 +64,10 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             "rollout.samples_per_prompt=4",
             "rollout.max_new_tokens=16",
             "learner.optimizer_steps=2",
-            "learner.kl_coef=0.05",
-            "learner.dense_rewards=true",  # per-token advantages from the reward service's attribution
+            "learner.kl.coef=0.05",
+            "learner.advantage.dense={}",  # per-token advantages from the reward service's attribution
             # an untrained model's groups are mostly all-fail: keep them so that the steps learn
-            "learner.filter_uninformative=false",
+            "learner.advantage.filter_uninformative=false",
             "train.replay_groups=1",  # step 2 also learns from one replayed group of step 1
             "train.max_staleness=1",  # the asynchronous pipeline
             "tasks.max_eval_tasks=6",
@@ -242,7 +242,7 @@ def test_lora_preset_pushes_only_the_adapter_resumes_and_its_checkpoint_evaluate
     out = tmp_path / "lora"
     overrides = [f"model.path={tiny_model}", f"train.output_dir={out}", "sft.steps=80",  # some programs pass
                  "train.prompts_per_step=4", "train.eval_every=0", "train.checkpoint_every=0",
-                 "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16", "learner.kl_coef=0.05",
+                 "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16", "learner.kl.coef=0.05",
                  "tasks.max_eval_tasks=12", "eval.sampled=false"]
     train(load_config("configs/lora.yaml", [*overrides, "train.steps=2"]))
     summary = train(load_config("configs/lora.yaml", [*overrides, "train.steps=3"]), resume=True)

@@ -8,7 +8,7 @@ from coderloo.controller import sft_examples
 from coderloo.tasksets.synthetic import synthetic_suite
 from common.hf import load_causal_lm, load_tokenizer
 from learner.batch import TrainSequence
-from learner.config import LearnerConfig
+from learner.config import ClipLoss, LearnerConfig
 from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker
 
@@ -19,8 +19,10 @@ def batch(tiny_model, count=8):
     return examples, sequences
 
 
-def loss(config: LearnerConfig):
-    return config.loss_config(step=1, temperature=1.0, max_new_tokens=48)
+def loss(config: LearnerConfig, section=None):
+    """train_step's arguments after the sequences at RL step 1: the loss (config's, or `section`),
+    the temperature, the loss's KL weight and max_new_tokens."""
+    return section or config.loss, 1.0, config.loss_kl_coef(1), 48
 
 
 def saved_weights(learner: LearnerGroup, path) -> dict[str, torch.Tensor]:
@@ -40,7 +42,7 @@ def test_gradient_checkpointing_takes_the_same_step(ray_cluster, tiny_model, tmp
         try:
             engaged = ray.get(learner.ranks[0].__ray_call__.remote(lambda self: self.engine.module.is_gradient_checkpointing))
             assert engaged == checkpointing
-            stats = learner.train_step(sequences, loss(config))
+            stats = learner.train_step(sequences, *loss(config))
             steps[checkpointing] = stats, saved_weights(learner, tmp_path / str(checkpointing))
         finally:
             learner.kill()
@@ -55,14 +57,14 @@ def test_gradient_checkpointing_takes_the_same_step(ray_cluster, tiny_model, tmp
 
 @pytest.mark.parametrize("stage", [1, 3])
 def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, tmp_path, stage):
-    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256)
+    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl={"coef": 0.1}, max_tokens_per_micro_batch=256)
     learner = LearnerGroup(str(tiny_model), config, sft_lr=1e-3)
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
     try:
         examples, sequences = batch(tiny_model)
         stats = learner.sft_step(examples)
         assert stats["grad_norm"] > 0 and stats["sft_loss"] > 0
-        stats = learner.train_step(sequences, loss(config))
+        stats = learner.train_step(sequences, *loss(config))
         assert stats["grad_norm"] > 0 and "kl" in stats
         published = saved_weights(learner, tmp_path / "published")
         # The push gathers whole weights too: the worker checks every bucket's sum on arrival.
@@ -83,10 +85,10 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
 
 # One learner step with each aggregation (the last one also at sequence level, GSPO, with clip-higher).
 AGGREGATION_STEPS = [
-    {"loss_aggregation": "token_mean"},
-    {"loss_aggregation": "seq_mean_token_mean"},
-    {"loss_aggregation": "seq_mean_token_sum"},
-    {"loss_aggregation": "seq_mean_token_sum_norm", "importance_level": "sequence", "clip_eps_high": 0.28},
+    ClipLoss(aggregation="token_mean"),
+    ClipLoss(aggregation="seq_mean_token_mean"),
+    ClipLoss(aggregation="seq_mean_token_sum"),
+    ClipLoss(aggregation="seq_mean_token_sum_norm", importance_level="sequence", eps_high=0.28),
 ]
 
 
@@ -101,8 +103,8 @@ def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
         config = LearnerConfig(num_ranks=ranks, zero_stage=2, optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=200)
         learner = LearnerGroup(str(tiny_model), config)
         try:
-            for fields in AGGREGATION_STEPS:
-                stats = learner.train_step(sequences, loss(config.model_copy(update=fields)))
+            for section in AGGREGATION_STEPS:
+                stats = learner.train_step(sequences, *loss(config, section))
             results[ranks] = (saved_weights(learner, tmp_path / f"ranks{ranks}"), stats)
         finally:
             learner.kill()
@@ -127,13 +129,13 @@ def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, t
         initial = saved_weights(learner, tmp_path / "initial")
         for seq in sequences:
             seq.advantages = [0.0] * len(seq.completion_ids)
-        assert learner.train_step(sequences, loss(config))["grad_norm"] == 0.0
+        assert learner.train_step(sequences, *loss(config))["grad_norm"] == 0.0
         sequences[0].advantages[0] = 1.0
         sequences[0].mask = [False] + [True] * (len(sequences[0].completion_ids) - 1)
-        assert learner.train_step(sequences, loss(config))["grad_norm"] == 0.0
+        assert learner.train_step(sequences, *loss(config))["grad_norm"] == 0.0
         unchanged = saved_weights(learner, tmp_path / "unchanged")
         sequences[0].mask = None
-        assert learner.train_step(sequences, loss(config))["grad_norm"] > 0
+        assert learner.train_step(sequences, *loss(config))["grad_norm"] > 0
         changed = saved_weights(learner, tmp_path / "changed")
     finally:
         learner.kill()
@@ -148,8 +150,8 @@ def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_
     returns, the policy it publishes has no value tensor, and a checkpoint brings its estimates back
     exactly. (The default config, ZeRO-0 with a separate model, runs in tests/test_end_to_end.py.)"""
     examples, sequences = batch(tiny_model, count=6)
-    config = LearnerConfig(advantage_estimator="ppo", value_model=value_model, zero_stage=stage, optimizer_steps=2, lr=1e-3,
-                           value_loss_coef=1.0, max_tokens_per_micro_batch=256)
+    config = LearnerConfig(advantage={"type": "ppo", "value_model": value_model, "value_loss_coef": 1.0}, zero_stage=stage,
+                           optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=256)
     for seq in sequences:
         seq.returns = [0.8] * len(seq.completion_ids)
     learner = LearnerGroup(str(tiny_model), config)
@@ -162,7 +164,7 @@ def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_
             first = first or values
             for seq, v in zip(sequences, values):
                 seq.values = v
-            stats = learner.train_step(sequences, loss(config))
+            stats = learner.train_step(sequences, *loss(config))
             losses.append(stats["value_loss"])
             assert 0.0 <= stats["value_clip_fraction"] <= 1.0 and stats["grad_norm"] > 0
         learner.save(str(tmp_path / "ckpt"), with_state=True)

@@ -3,11 +3,13 @@ import math
 
 import pytest
 import torch
+from pydantic import TypeAdapter, ValidationError
 
 from learner.advantages import rloo_advantages, whiten
 from learner.batch import TrainSequence, pack
+from learner.config import PolicyLoss
 from learner.packing import cost, deal_to_ranks, pack_by_tokens, rows_of, split_even
-from learner.losses import LossConfig, LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
+from learner.losses import LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
 
 
 
@@ -17,8 +19,7 @@ def loss_of(logprobs, step_start, advantages, mask, clip_eps=0.2, sampler_logpro
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
     inputs = LossInputs(logprobs, step_start, step_start if sampler_logprobs is None else sampler_logprobs, advantages, mask, ref_logprobs)
-    config = LossConfig(clip_eps_low=clip_eps, clip_eps_high=clip_eps, tis_cap=tis_cap, kl_coef=kl_coef, kl_estimator="k3", aggregation="token_mean", temperature=1.0)
-    return policy_loss(inputs, config, normalizer)
+    return policy_loss(inputs, _family(eps_low=clip_eps, eps_high=clip_eps, tis_cap=tis_cap), kl_coef, "k3", normalizer)
 
 def test_rloo_example_from_the_issue():
     adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
@@ -256,10 +257,9 @@ def test_token_normalizer_makes_micro_batch_losses_add_up_to_the_whole():
     assert torch.allclose(per_seq, -(adv[:, None] * mask).sum() / 4)
 
 
-def _family(**overrides) -> LossConfig:
-    fields = dict(clip_eps_low=0.2, clip_eps_high=0.2, tis_cap=None, kl_coef=0.0, kl_estimator="k3",
-                  aggregation="token_mean", temperature=1.0, max_new_tokens=8)
-    return LossConfig(**{**fields, **overrides})
+def _family(type: str = "clip", **fields):
+    """learner.loss of `type` without truncated importance sampling, with `fields`."""
+    return TypeAdapter(PolicyLoss).validate_python({"type": type, "tis_cap": None, **fields})
 
 
 def _off_policy_batch(rows: int = 6, width: int = 8, seed: int = 0):
@@ -278,15 +278,16 @@ def test_every_aggregation_is_independent_of_the_micro_batch_split(aggregation, 
     from learner.losses import loss_normalizer
 
     logprobs, step_start, advantages, mask = _off_policy_batch()
-    config = _family(aggregation=aggregation, surrogate=surrogate, importance_level=level, clip_ratio_c=3.0 if surrogate == "clip" else None)
-    whole, _ = policy_loss(LossInputs(logprobs, step_start, step_start, advantages, mask), config)
+    fields = {} if surrogate == "vespo" else {"importance_level": level}
+    config = _family(surrogate, aggregation=aggregation, **fields, **({"dual_clip": 3.0} if surrogate == "clip" else {}))
+    whole, _ = policy_loss(LossInputs(logprobs, step_start, step_start, advantages, mask), config, max_new_tokens=8)
     grad_whole, = torch.autograd.grad(whole, logprobs)
-    normalizer = loss_normalizer(aggregation, mask.sum(dim=1).tolist(), config.max_new_tokens)
+    normalizer = loss_normalizer(aggregation, mask.sum(dim=1).tolist(), 8)
     for split in ([2, 4], [1, 2, 3], [5, 1]):
         total, start = 0.0, 0
         for rows in split:
             part = slice(start, start + rows)
-            total = total + policy_loss(LossInputs(logprobs[part], step_start[part], step_start[part], advantages[part], mask[part]), config, normalizer)[0]
+            total = total + policy_loss(LossInputs(logprobs[part], step_start[part], step_start[part], advantages[part], mask[part]), config, normalizer=normalizer)[0]
             start += rows
         grad_parts, = torch.autograd.grad(total, logprobs)
         assert torch.allclose(total, whole, atol=1e-6) and torch.allclose(grad_parts, grad_whole, atol=1e-6)
@@ -305,10 +306,10 @@ def test_aggregations_hand_values():
         "seq_mean_token_sum_norm": -(1 + 6) / (2 * 8),  # over sequences x max_new_tokens (8)
     }
     for aggregation, value in expected.items():
-        loss, _ = policy_loss(LossInputs(logprobs, logprobs.detach(), logprobs.detach(), advantages, mask), _family(aggregation=aggregation))
+        loss, _ = policy_loss(LossInputs(logprobs, logprobs.detach(), logprobs.detach(), advantages, mask), _family(aggregation=aggregation), max_new_tokens=8)
         assert loss.item() == pytest.approx(value), aggregation
-    with pytest.raises(ValueError, match="unknown loss aggregation 'seq_sum'"):
-        policy_loss(LossInputs(logprobs, logprobs.detach(), logprobs.detach(), advantages, mask), _family(aggregation="seq_sum"))
+    with pytest.raises(ValidationError, match="seq_mean_token_sum_norm"):
+        _family(aggregation="seq_sum")
 
 
 def test_clip_higher_and_the_clip_fractions_of_each_side():
@@ -320,7 +321,7 @@ def test_clip_higher_and_the_clip_fractions_of_each_side():
     _, symmetric = policy_loss(inputs, _family())
     assert symmetric["clip_fraction_high"] == pytest.approx(1 / 3) and symmetric["clip_fraction_low"] == pytest.approx(1 / 3)
     assert symmetric["clip_fraction"] == pytest.approx(2 / 3)
-    loss, higher = policy_loss(inputs, _family(clip_eps_high=0.3))  # DAPO's clip-higher: 1.28 is inside [0.8, 1.3]
+    loss, higher = policy_loss(inputs, _family(eps_high=0.3))  # DAPO's clip-higher: 1.28 is inside [0.8, 1.3]
     assert higher["clip_fraction_high"] == 0.0 and higher["clip_fraction_low"] == pytest.approx(1 / 3)
     grad, = torch.autograd.grad(loss, logprobs)
     r = torch.exp(logprobs.detach())[0]
@@ -336,14 +337,14 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
     inputs = LossInputs(logprobs, step_start, step_start, advantages, torch.ones(1, 3))
     plain, _ = policy_loss(inputs, _family())
     assert plain.item() == pytest.approx((1 + 2 + 5) / 3)
-    dual, stats = policy_loss(inputs, _family(clip_ratio_c=3.0))
+    dual, stats = policy_loss(inputs, _family(dual_clip=3.0))
     assert dual.item() == pytest.approx((1 + 2 + 3) / 3)
     assert stats["clip_fraction_dual"] == pytest.approx(1 / 3)
     grad, = torch.autograd.grad(dual, logprobs)
     assert grad[0].tolist() == pytest.approx([1 / 3, 2 / 3, 0.0])
     # positive advantages are untouched by the dual clip
     inputs.advantages = torch.ones(1, 3)
-    assert policy_loss(inputs, _family(clip_ratio_c=3.0))[0].item() == pytest.approx(policy_loss(inputs, _family())[0].item())
+    assert policy_loss(inputs, _family(dual_clip=3.0))[0].item() == pytest.approx(policy_loss(inputs, _family())[0].item())
 
 
 def test_sequence_level_ratio_is_the_geometric_mean_of_the_token_ratios():
@@ -352,13 +353,13 @@ def test_sequence_level_ratio_is_the_geometric_mean_of_the_token_ratios():
     logprobs = torch.tensor([[0.1, 0.3, 2.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     inputs = LossInputs(logprobs, step_start, step_start, torch.ones(1, 3), mask)
-    loss, stats = policy_loss(inputs, _family(importance_level="sequence", clip_eps_high=0.5))
+    loss, stats = policy_loss(inputs, _family(importance_level="sequence", eps_high=0.5))
     s = torch.exp(torch.tensor(0.2)).item()
     assert stats["ratio_mean"] == pytest.approx(s) and loss.item() == pytest.approx(-s)
     grad, = torch.autograd.grad(loss, logprobs)
     assert grad[0].tolist() == pytest.approx([-s / 2, -s / 2, 0.0])  # d s / d logp_t = s / |y| for each token
     # clipped per sequence: at eps_high 0.1 the whole sequence is clipped and has no gradient
-    loss, stats = policy_loss(inputs, _family(importance_level="sequence", clip_eps_high=0.1))
+    loss, stats = policy_loss(inputs, _family(importance_level="sequence", eps_high=0.1))
     assert stats["clip_fraction_high"] == 1.0 and torch.autograd.grad(loss, logprobs)[0].abs().sum().item() == 0.0
 
 
@@ -366,7 +367,7 @@ def test_cispo_keeps_a_gradient_on_clipped_tokens_through_a_stopped_weight():
     step_start = torch.zeros(1, 2)
     logprobs = torch.tensor([[0.5, 0.05]], requires_grad=True)  # ratios e^0.5 = 1.65 (capped at 1.2) and 1.05
     inputs = LossInputs(logprobs, step_start, step_start, torch.ones(1, 2), torch.ones(1, 2))
-    loss, stats = policy_loss(inputs, _family(surrogate="cispo"))
+    loss, stats = policy_loss(inputs, _family("cispo"))
     w = [1.2, torch.exp(torch.tensor(0.05)).item()]
     assert loss.item() == pytest.approx(-(w[0] * 0.5 + w[1] * 0.05) / 2)
     grad, = torch.autograd.grad(loss, logprobs)
@@ -379,12 +380,12 @@ def test_sapo_and_vespo_hand_values():
     logprobs = torch.tensor([[0.2, -0.1]], requires_grad=True)
     advantages = torch.tensor([[1.0, -1.0]])
     inputs = LossInputs(logprobs, step_start, step_start, advantages, torch.ones(1, 2))
-    loss, _ = policy_loss(inputs, _family(surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0))
+    loss, _ = policy_loss(inputs, _family("sapo", tau_pos=1.0, tau_neg=2.0))
     r = torch.exp(logprobs.detach())[0]
     gate = [torch.sigmoid(1.0 * (r[0] - 1)) * 4 / 1.0, torch.sigmoid(2.0 * (r[1] - 1)) * 4 / 2.0]
     assert loss.item() == pytest.approx((-gate[0] * 1.0 + gate[1] * 1.0).item() / 2)
     # VESPO: w = the product of the token ratios = e^0.1; phi = e^lam w^k e^-lam w by the sign of A
-    loss, _ = policy_loss(inputs, _family(surrogate="vespo", vespo_pos=(2.0, 3.0), vespo_neg=(3.0, 2.0)))
+    loss, _ = policy_loss(inputs, _family("vespo", k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0))
     w = torch.exp(torch.tensor(0.1))
     phi_pos, phi_neg = torch.exp(3.0 + 2.0 * 0.1 - 3.0 * w), torch.exp(2.0 + 3.0 * 0.1 - 2.0 * w)
     assert loss.item() == pytest.approx((-phi_pos * 0.2 + phi_neg * -0.1).item() / 2)
@@ -397,7 +398,7 @@ def test_two_sided_clip_caps_the_unclipped_ratio():
     logprobs = torch.log(torch.tensor([[4.0]])).requires_grad_(True)
     inputs = LossInputs(logprobs, step_start, step_start, -torch.ones(1, 1), torch.ones(1, 1))
     assert policy_loss(inputs, _family())[0].item() == pytest.approx(4.0)
-    assert policy_loss(inputs, _family(clip_delta=2.5))[0].item() == pytest.approx(2.5)
+    assert policy_loss(inputs, _family(delta=2.5))[0].item() == pytest.approx(2.5)
 
 
 def test_token_entropy():

@@ -153,7 +153,7 @@ def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_re
     from learner.group import LearnerGroup
     from test_learner_actor import batch, loss
 
-    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl_coef=0.1, max_tokens_per_micro_batch=256, dtype=dtype,
+    config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl={"coef": 0.1}, max_tokens_per_micro_batch=256, dtype=dtype,
                            lora=LoraSettings(rank=8, alpha=16, sync=sync))
     full = LearnerGroup(str(tiny_model), config.model_copy(update={"lora": None}), sft_lr=1e-3)
     try:
@@ -167,7 +167,7 @@ def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_re
     try:
         stats = learner.sft_step(examples)
         assert stats["grad_norm"] > 0
-        stats = learner.train_step(sequences, loss(config))
+        stats = learner.train_step(sequences, *loss(config))
         # the reference is the base model: after the adapter moved, the KL to it is no longer 0
         assert stats["kl"] > 0
         counts = learner.parameter_counts()
@@ -252,6 +252,6 @@ def test_lora_settings_that_cannot_work_name_the_field():
     with pytest.raises(ConfigError, match="learner.lora.rank=600"):
         load_config(None, ["learner.lora.rank=600"])
     with pytest.raises(ConfigError, match="value_model shared"):
-        load_config("configs/ppo.yaml", ["learner.lora.rank=8", "learner.value_model=shared"])
+        load_config("configs/ppo.yaml", ["learner.lora.rank=8", "learner.advantage.value_model=shared"])
     config = load_config("configs/lora.yaml")
     assert config.learner.lora.start == "rl" and config.learner.pushed_adapter_rank == 16

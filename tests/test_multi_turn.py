@@ -64,7 +64,7 @@ def test_refinement_trajectories_reach_the_batch_with_their_advantage(service, t
     for concat in (False, True):
         samples = to_sequences(rollouts.groups, concat=concat)
         samples.turn_kl = [[0.01 * i] + [0.0] * (len(seq.completion_ids) - 1) for i, seq in enumerate(samples.flat())]  # sets apart groups whose outcomes all fail
-        batch = build_batch(samples, LearnerConfig(kl_coef=0.5, kl_in="reward", filter_uninformative=False), step=1)
+        batch = build_batch(samples, LearnerConfig(kl={"coef": 0.5, "into": "reward"}, advantage={"filter_uninformative": False}), step=1)
         sequences = iter(batch.sequences)
         for t in trajectories:
             advantages = [next(sequences).advantages for _ in (t.turns[:1] if concat else t.turns)]
@@ -170,8 +170,8 @@ def test_multi_turn_training_run(ray_cluster, tiny_model, tmp_path):
         "sft.steps=2", "sft.batch_size=8", "train.steps=2", "train.prompts_per_step=2", "train.eval_every=0", "train.checkpoint_every=0",
         f"rollout.samples_per_prompt={K}", "rollout.max_new_tokens=16",
         # a trajectory's KL sums its attempts; after SFT, it sets the trajectories apart even where all fail
-        "learner.optimizer_steps=1", "learner.kl_coef=0.05", "learner.kl_in=reward",
-        "learner.filter_uninformative=false",
+        "learner.optimizer_steps=1", "learner.kl.coef=0.05", "learner.kl.into=reward",
+        "learner.advantage.filter_uninformative=false",
         "tasks.max_eval_tasks=3", "eval.samples_per_task=2", "eval.k=[1]", "eval.greedy=false",
     ])
     summary = train(config)

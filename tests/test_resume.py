@@ -52,10 +52,10 @@ def config_for(tiny_model, out, steps):
             "train.checkpoint_every=0",
             "rollout.samples_per_prompt=4",
             "rollout.max_new_tokens=16",
-            "learner.kl_coef=0.05",
+            "learner.kl.coef=0.05",
             "critic.enabled=true",  # its weights, optimizer and sampling state resume too
             "critic.select_n=2",
-            "learner.filter_uninformative=false",
+            "learner.advantage.filter_uninformative=false",
             "train.max_staleness=0",  # exact: no step's samples are in flight at a checkpoint
             "tasks.max_eval_tasks=2",
             "eval.samples_per_task=2",

@@ -210,7 +210,7 @@ def test_the_turn_cost_is_paid_per_turn_after_the_first():
         return Trajectory(TASK, [turn] * turns, reward(passed))
 
     groups = [[trajectory(1, True), trajectory(3, True), trajectory(2, False)]]
-    config = LearnerConfig(normalize_advantages=False, filter_uninformative=False)
+    config = LearnerConfig(advantage={"normalize": False, "filter_uninformative": False})
     free = build_batch(to_sequences(groups), config, step=1)
     paid = build_batch(to_sequences(groups), config, step=1, turn_cost=0.1)
     assert free.rewards.tolist() == [[1.0, 1.0, 0.0]]
@@ -230,16 +230,14 @@ def test_pass_rates_by_turn_count_a_pass_from_its_turn_on():
 
 def test_env_config_checks():
     assert load_config("configs/default.yaml", []).env.name == "single"
-    with pytest.raises(ConfigError, match="env.name refine and learner.dense_rewards are not supported together"):
-        load_config("configs/default.yaml", ["env.name=refine", "learner.dense_rewards=true"])
+    with pytest.raises(ConfigError, match=r"env.name refine and dense rewards \(learner.advantage\) are not supported together"):
+        load_config("configs/default.yaml", ["env.name=refine", "learner.advantage.dense={}"])
     with pytest.raises(ConfigError, match="max_turns=1: env refine needs at least 2 turns"):
         load_config("configs/default.yaml", ["env.name=refine", "env.max_turns=1"])
     with pytest.raises(ConfigError, match="max_tool_calls=3 leaves no turn for the answer in max_turns=3"):
         load_config("configs/default.yaml", ["env.name=interpreter", "env.max_tool_calls=3"])
     with pytest.raises(ConfigError, match="env.feedback_chars"):
         load_config("configs/default.yaml", ["env.feedback_chars=0"])
-    with pytest.raises(ConfigError, match="refine: the section is now env"):
-        load_config("configs/default.yaml", ["refine.enabled=true"])
     with pytest.raises(ConfigError, match="sft.demonstrations: multi-turn demonstrations are of an environment"):
         load_config("configs/default.yaml", ["sft.demonstrations=0.5"])
     with pytest.raises(ConfigError, match="env.train_as concat with learner.overlong_buffer"):
@@ -285,7 +283,7 @@ def test_no_gradient_reaches_an_observation_token(tiny_model):
     logits.retain_grad()
     logprobs = logits.log_softmax(-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     loss, _ = policy_loss(LossInputs(logprobs, logprobs.detach(), batch.sampler_logprobs, batch.advantages, batch.completion_mask),
-                          LearnerConfig().loss_config(1, 1.0, 16))
+                          LearnerConfig().loss, max_new_tokens=16)
     loss.backward()
     per_position = logits.grad[0].abs().sum(-1)
     start = len(seq.prompt_ids) - 1

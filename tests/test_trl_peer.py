@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
+from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 from learner.advantages import dr_grpo_advantages, grpo_advantages, reinforce_advantages, rloo_advantages
-from learner.config import LearnerConfig
+from learner.config import LearnerConfig, PolicyLoss
 from learner.losses import LossInputs, policy_loss, token_entropy, token_logprobs
 
 G, K, T = 3, 4, 6  # prompt groups, samples per prompt, completion tokens
@@ -126,17 +127,20 @@ def _trl_loss(trainer, inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return loss, list(torch.autograd.grad(loss, params))
 
 
-def _our_loss(trainer, inputs: dict, advantages: torch.Tensor, **learner) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
-    """Our policy_loss on TRL's logprobs of the same batch, with the LossConfig that
-    LearnerConfig(**learner) makes (as the learner gets it), no TIS (TRL without vLLM has none)."""
+def _our_loss(trainer, inputs: dict, advantages: torch.Tensor, **fields) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
+    """Our policy_loss on TRL's logprobs of the same batch, with the learner.loss section of
+    `fields` (clip at CLIP_EPS unless they say otherwise), no TIS (TRL without vLLM has none)."""
     model = trainer.model
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
     old = inputs["old_per_token_logps"]
     per_token = advantages.unsqueeze(1).expand_as(logps)
-    config = LearnerConfig(clip_eps=CLIP_EPS, tis_cap=None, **learner).loss_config(step=1, temperature=1.0, max_new_tokens=T)
-    loss, stats = policy_loss(LossInputs(logps, old, old, per_token, inputs["completion_mask"]), config)
+    section = {"type": "clip", "tis_cap": None, **fields}
+    if section["type"] == "clip":
+        section = {"eps_low": CLIP_EPS, "eps_high": CLIP_EPS, **section}
+    config = TypeAdapter(PolicyLoss).validate_python(section)
+    loss, stats = policy_loss(LossInputs(logps, old, old, per_token, inputs["completion_mask"]), config, max_new_tokens=T)
     params = [p for p in model.parameters() if p.requires_grad]
     return loss, stats, list(torch.autograd.grad(loss, params))
 
@@ -151,21 +155,21 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 # sequence's token mean; "bnpo" divides by the batch's tokens and "dapo", "cispo" and "vespo" by
 # num_items_in_batch, the generation batch's tokens (with one batch per step, both our token mean);
 # "dr_grpo" divides the token sum by sequences x max_completion_length; "luspo" averages each
-# sequence's token sum. TRL's CISPO caps the weight at epsilon_high itself (ours at 1 + clip_eps_high).
+# sequence's token sum. TRL's CISPO caps the weight at epsilon_high itself (ours at 1 + eps_high).
 TRL_VARIANTS = {
-    "grpo": ({"loss_type": "grpo"}, {"loss_aggregation": "seq_mean_token_mean"}, {}),
+    "grpo": ({"loss_type": "grpo"}, {"aggregation": "seq_mean_token_mean"}, {}),
     "bnpo": ({"loss_type": "bnpo"}, {}, None),
     "dapo": ({"loss_type": "dapo"}, {}, None),
-    "dr_grpo": ({"loss_type": "dr_grpo"}, {"loss_aggregation": "seq_mean_token_sum_norm"}, {"loss_aggregation": "seq_mean_token_sum"}),
-    "cispo": ({"loss_type": "cispo", "epsilon_high": 1.25}, {"policy_loss": "cispo", "clip_eps_high": 0.25}, {"clip_eps_high": 0.25}),
-    "sapo": ({"loss_type": "sapo"}, {"policy_loss": "sapo", "loss_aggregation": "seq_mean_token_mean"}, {"loss_aggregation": "seq_mean_token_mean"}),
+    "dr_grpo": ({"loss_type": "dr_grpo"}, {"aggregation": "seq_mean_token_sum_norm"}, {"aggregation": "seq_mean_token_sum"}),
+    "cispo": ({"loss_type": "cispo", "epsilon_high": 1.25}, {"type": "cispo", "eps_high": 0.25}, {"eps_high": 0.25}),
+    "sapo": ({"loss_type": "sapo"}, {"type": "sapo", "aggregation": "seq_mean_token_mean"}, {"aggregation": "seq_mean_token_mean"}),
     "luspo": ({"loss_type": "luspo", "importance_sampling_level": "sequence"},
-              {"importance_level": "sequence", "loss_aggregation": "seq_mean_token_sum"}, {"loss_aggregation": "seq_mean_token_sum"}),
-    "vespo": ({"loss_type": "vespo"}, {"policy_loss": "vespo"}, {}),
-    "dapo+epsilon_high": ({"loss_type": "dapo", "epsilon_high": 0.28}, {"clip_eps_high": 0.28}, {}),
-    "dapo+delta": ({"loss_type": "dapo", "delta": 1.5}, {"clip_delta": 1.5}, {}),
+              {"importance_level": "sequence", "aggregation": "seq_mean_token_sum"}, {"aggregation": "seq_mean_token_sum"}),
+    "vespo": ({"loss_type": "vespo"}, {"type": "vespo"}, {}),
+    "dapo+epsilon_high": ({"loss_type": "dapo", "epsilon_high": 0.28}, {"eps_high": 0.28}, {}),
+    "dapo+delta": ({"loss_type": "dapo", "delta": 1.5}, {"delta": 1.5}, {}),
     "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence"},
-             {"importance_level": "sequence", "loss_aggregation": "seq_mean_token_mean"}, {"loss_aggregation": "seq_mean_token_mean"}),
+             {"importance_level": "sequence", "aggregation": "seq_mean_token_mean"}, {"aggregation": "seq_mean_token_mean"}),
 }
 
 
@@ -231,7 +235,7 @@ def test_truncated_completions_are_masked_as_trl_masks_them(tiny_model, tmp_path
     truncated = [seq[0].truncated for seq in sequences]
     assert 0 < sum(truncated) < G * K  # some rows of each kind
     samples = StepSamples([sequences[g * K:(g + 1) * K] for g in range(G)], rewards)
-    ours = build_batch(samples, LearnerConfig(mask_truncated=True, filter_uninformative=False), step=1)
+    ours = build_batch(samples, LearnerConfig(mask_truncated=True, advantage={"filter_uninformative": False}), step=1)
     trained = [trained_tokens(seq) for seq in ours.sequences]
     assert [n > 0 for n in trained] == [bool(theirs[row].any()) for row in range(G * K)] == [not t for t in truncated]
     assert trained == theirs.sum(dim=1).tolist()  # the kept rows train on the same tokens

@@ -217,9 +217,10 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
     else:
         trained = arch.lora_parameters(learner.lora.rank, learner.lora.target_modules)
         trained += sum(arch.vocab * arch.hidden for m in learner.lora.modules_to_save if m in ("embed_tokens", "lm_head"))
-    if learner.advantage_estimator == "ppo":
+    separate = learner.advantage.type == "ppo" and learner.advantage.value_model == "separate"
+    if learner.advantage.type == "ppo":
         # separate: a second backbone and head, trained whole; shared: a scalar head on the policy
-        trained_value = n + arch.hidden + 1 if learner.value_model == "separate" else arch.hidden + 1
+        trained_value = n + arch.hidden + 1 if separate else arch.hidden + 1
     else:
         trained_value = 0
 
@@ -235,7 +236,7 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
 
     parts = states(n, trained)
     if trained_value:
-        value = states(n if learner.value_model == "separate" else 0, trained_value)
+        value = states(n if separate else 0, trained_value)
         parts["value model"] = sum(value.values())
     # DeepSpeed's buffers: ZeRO-1/2's reduce bucket (a torch.empty of the bucket's size: all of it held
     # on a GPU, the pages gradients touch on a CPU); ZeRO-3's gathered layers, prefetch and reduce buckets.
@@ -249,7 +250,7 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
         # a weight push gathers the whole model on every rank at once (Learner._whole_parameters):
         # counted as if beside the activations
         parts["push gather"] = (n - n / world) * b
-    if learner.lora is None and (learner.kl_coef > 0 or (learner.kl_coef_final or 0) > 0):
+    if learner.lora is None and learner.needs_reference:
         parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
     tokens = learner.max_tokens_per_micro_batch
     per_layer = arch.activation_bytes_per_token_per_layer(b)
