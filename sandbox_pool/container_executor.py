@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import confine  # noqa: E402
+import kernel  # noqa: E402
 import supervisor  # noqa: E402
 from protocol import send_frame  # noqa: E402
 
@@ -32,7 +33,7 @@ ISOLATION = supervisor.Isolation(
     # The container's own memory cgroup (v2, or v1's memory controller): its one run at a time
     # makes the change in its out-of-memory kill count that run's.
     memory_cgroup=next((path for path in ("/sys/fs/cgroup", "/sys/fs/cgroup/memory")
-                        if supervisor.oom_kills(path) is not None), None),
+                        if kernel.oom_kills(path) is not None), None),
 )
 END_OF_INPUT = 3
 

@@ -22,7 +22,7 @@ from common.progress import working
 PACKAGE = Path(__file__).resolve().parent
 DOCKER_DIR = PACKAGE.parent / "docker"
 # The build context besides docker/Dockerfile (which copies all of it): the executor and what it imports.
-IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "runner.py", "protocol.py", "confine.py", "matching.py", "call_harness.js")]
+IMAGE_FILES = [PACKAGE / name for name in ("container_executor.py", "supervisor.py", "judge.py", "kernel.py", "wait.py", "runner.py", "protocol.py", "confine.py", "matching.py", "call_harness.js")]
 REPOSITORY = "coderloo-sandbox"
 DEBOOTSTRAP_PACKAGES = "python3,g++,nodejs"
 # The base's tag names what is in it, so that a machine holding an older base (without nodejs)

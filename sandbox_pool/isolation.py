@@ -14,10 +14,11 @@ import time
 import confine
 from confine import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER
 from protocol import SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID
-from supervisor import (
-    MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, SCRATCH_DIRS, Isolation, check, enter_root,
-    fork_new_pid_namespace, libc, write,
+from kernel import (
+    MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, check, enter_root, fork_new_pid_namespace, libc,
+    write,
 )
+from supervisor import SCRATCH_DIRS, Isolation
 
 
 

@@ -37,7 +37,6 @@ Where the environment allows (`Isolation`):
 Otherwise (in a container) the supervisor kills every process of uid 65534 after the run and
 empties /tmp and /dev/shm; the container's memory cgroup is the evidence of an out-of-memory kill.
 """
-import ctypes
 import fcntl
 import json
 import os
@@ -50,21 +49,22 @@ import time
 from dataclasses import dataclass
 
 import confine
-import matching
 import runner
-from confine import CLONE as SYS_CLONE, CLONE_NEWNS, CLONE_NEWPID
+from confine import CLONE_NEWNS, CLONE_NEWPID
+from judge import CPP_STDOUT_MAX_BYTES, CaseSeen, judge_case
+from kernel import (
+    MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_PDEATHSIG, SandboxKiller, check, enter_root, fork_new_pid_namespace,
+    kill_all_of, libc, oom_kills, processes_of, remove, write,
+)
 from protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, read_frame, send_frame, split_frame
+from wait import Wait
 
-CPP_STDOUT_MAX_BYTES = 2**20  # a C++ test's output is compared whole, up to this size
-RECORD_MAX_BYTES = 2**20
-STOP_GRACE_S = 2.0  # after the sandbox ended, for its output pipes to reach EOF
 CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
 COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
 # Node reserves more address space than it uses (V8's heap cage): it does not start under 1 GiB of
 # RLIMIT_AS. Its heap is bounded by --max-old-space-size at the task's memory limit instead, and
 # (where there is one) by the run's memory cgroup.
 NODE_MEMORY_MB = 2048
-NODE_OUT_OF_MEMORY = b"JavaScript heap out of memory"  # V8's last words at the heap limit
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_harness.js")) as _f:
     CALL_HARNESS = _f.read()
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -73,14 +73,6 @@ DEFAULT_MATCH = {"mode": "tokens", "float_tolerance": 1e-6}  # results.OutputMat
 # would make the others' forks fail. Where something else bounds each run (a pids cgroup per
 # run, a container per run), the rlimit is only this backstop for all runs together.
 SHARED_NPROC = 4096
-
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
-PR_SET_PDEATHSIG = 1
-
-
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
 
 
 @dataclass
@@ -100,12 +92,6 @@ class Isolation:
     # A memory cgroup that holds the whole run and no other (the container's own): its out-of-memory
     # kill counter, read before and after the run, says whether the kernel killed for memory.
     memory_cgroup: str | None = None
-
-
-def check(result: int, what: str) -> None:
-    if result != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
 def supervise(in_fd: int, send_report, iso: Isolation, hangup_fd: int | None = None) -> None:
@@ -195,10 +181,10 @@ class Run:
         except OSError:
             pass  # the tester is gone; its missing record says so
         os.close(tests_w)
-        watched = self.watch({program: "program", tester: "tester"}, extra={record_r: b""}, until="tester")
+        watched = self.watch({program: "program", tester: "tester"}, until="tester", records=[record_r])
         if watched is None:
             return None
-        record = watched["extra"][record_r]
+        record = watched["records"][record_r]
         try:
             verdict = (split_frame(record) or (None,))[0]  # None: the tester ended before its record was whole
         except ValueError:  # not JSON
@@ -210,12 +196,10 @@ class Run:
     def executable(self):
         """C++ and JavaScript: a process of the program checks the source (g++ compiles it; node
         --check parses it) in the run's directory; then each case runs in a fresh sandboxed process
-        (exec: nothing of the supervisor's memory survives) with the case's stdin, and its stdout
-        is judged here, outside the sandbox: by the output match rule, or for a JavaScript call
-        case as the JSON of the call's result that call_harness.js prints."""
+        (exec: nothing of the supervisor's memory survives) with the case's stdin, and is judged
+        here, outside the sandbox (judge.py)."""
         self.enter_run_namespaces()
         language, source = self.head["language"], self.head["program"]
-        memory_mb = max(NODE_MEMORY_MB, self.limits["memory_mb"]) if language == "javascript" else None
 
         def compile_it():
             name = "prog.cpp" if language == "cpp" else "prog.js"
@@ -231,22 +215,25 @@ class Run:
                              new_pid_namespace=self.iso.pid_namespace)
         self.close_output_ends()
         tail = read_frame(self.in_fd)
-        match = tail.get("match") or DEFAULT_MATCH
         watched = self.watch({compiler: "program"}, until="program")
         if watched is None:
             return None
-        compiled = watched["processes"]["program"]
-        if watched["timed_out"] or compiled["exit_code"] != 0:
+        if watched["timed_out"] or watched["processes"]["program"]["exit_code"] != 0:
             report = self.report(watched)
             report["compile_failed"] = True
             return report
-        calls = self.head.get("kind") == "call"
+        return self.executable_cases(tail, watched)
+
+    def executable_cases(self, tail: dict, watched: dict):
+        """Each case in a fresh process of the checked program, until the run's deadline."""
+        language, calls = self.head["language"], self.head.get("kind") == "call"
+        memory_mb = max(NODE_MEMORY_MB, self.limits["memory_mb"]) if language == "javascript" else None
         if language == "cpp":
             argv = ["./prog"]
         else:  # the heap within the task's memory limit (V8's own would be larger than the address space)
             heap = f"--max-old-space-size={self.limits['memory_mb']}"
             argv = ["node", heap, "call_harness.js", str(tail["entry_point"])] if calls else ["node", heap, "prog.js"]
-        outcomes = []
+        outcomes, match = [], tail.get("match") or DEFAULT_MATCH
         self.keep_bytes = CPP_STDOUT_MAX_BYTES  # the whole output, to compare
         for test in tail["tests"]:
             self.reset_output()
@@ -256,50 +243,26 @@ class Run:
                                new_pid_namespace=self.iso.pid_namespace)
             os.close(stdin_r)
             self.close_output_ends()
-            run_deadline = self.deadline
-            if self.limits.get("case_timeout_s"):  # the case's own limit, within the run's
-                self.deadline = min(run_deadline, time.monotonic() + self.limits["case_timeout_s"])
-            self.feed(stdin_w, (json.dumps(test["args"]) + "\n" if calls else test["stdin"]).encode())
-            watched = self.watch({binary: "program"}, until="program")
-            case_deadline, self.deadline = self.deadline, run_deadline
+            deadline = self.case_deadline()
+            stdin = (json.dumps(test["args"]) + "\n" if calls else test["stdin"]).encode()
+            watched = self.watch({binary: "program"}, until="program", deadline=deadline, stdin=(stdin_w, stdin))
             if watched is None:
                 return None
-            ran = watched["processes"]["program"]
-            if watched["timed_out"] and case_deadline < run_deadline:
-                outcomes.append({"passed": False, "end": "timeout",
-                                 "error": f"exceeded the case time limit of {self.limits['case_timeout_s']:g} s"})
-                watched["timed_out"] = False
-                continue
-            if watched["timed_out"]:
+            if watched["timed_out"] and deadline >= self.deadline:
                 break
-            got = self.output[self.stdout].decode("utf-8", "replace")
-            if language == "javascript" and NODE_OUT_OF_MEMORY in self.output[self.stderr]:
-                # V8 ends the process itself at --max-old-space-size (SIGABRT), before any cgroup would
-                outcomes.append({"passed": False, "end": "memory", "error": "ran out of memory (JavaScript heap)"})
-            elif ran["signal"] is not None or ran["exit_code"] != 0:
-                how = f"signal {ran['signal']}" if ran["signal"] is not None else f"exit code {ran['exit_code']}"
-                stderr = self.output[self.stderr].decode("utf-8", "replace").strip().splitlines()
-                said = next((line.strip() for line in reversed(stderr) if "Error" in line), stderr[-1] if stderr else "")
-                outcomes.append({"passed": False, "end": "crash",
-                                 "error": f"the program ended with {how}" + (f": {said[:200]}" if said else "")})
-            elif self.output_exceeded or self.output_bytes > CPP_STDOUT_MAX_BYTES:
-                outcomes.append({"passed": False, "end": "output", "error": "output too long to compare"})
-            elif calls:
-                try:
-                    value = json.loads(got)
-                except ValueError:
-                    outcomes.append({"passed": False, "end": "wrong", "error": f"no result: {got[:200]!r}"})
-                    continue
-                passed = any(matching.values_match(value, want, match["float_tolerance"]) for want in test["accepted"])
-                outcomes.append({"passed": passed, "end": "ok" if passed else "wrong",
-                                 "error": None if passed else f"wrong result: {got.strip()[:200]}"})
-            else:
-                passed = matching.outputs_match(got, test["stdout"], match["mode"], match["float_tolerance"])  # here, outside
-                outcomes.append({"passed": passed, "end": "ok" if passed else "wrong",
-                                 "error": None if passed else f"wrong output: {got[:200]!r}"})
+            seen = CaseSeen(language, watched["processes"]["program"], self.output[self.stdout], self.output[self.stderr],
+                            timed_out=watched["timed_out"], case_limit=True, output_exceeded=self.output_exceeded,
+                            output_bytes=self.output_bytes)
+            outcomes.append(judge_case(seen, test, match, self.limits, calls))
+            watched["timed_out"] = False  # the case's own limit: the run goes on
         report = self.report(watched)
         report["case_tests"] = outcomes
         return report
+
+    def case_deadline(self) -> float:
+        """The case's own time limit, within the run's."""
+        limit = self.limits.get("case_timeout_s")
+        return min(self.deadline, time.monotonic() + limit) if limit else self.deadline
 
     def stdio(self):
         """Python stdin/stdout cases (runner.serve_cases): a case server, forked and compiling the
@@ -479,18 +442,6 @@ class Run:
         self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, processes)
         body()
 
-    def feed(self, fd: int, data: bytes) -> None:
-        """Write a test's stdin without blocking the watch: a program that never reads it must not hang us."""
-        os.set_blocking(fd, False)
-        try:
-            while data:
-                if not select.select([], [fd], [], max(0.0, self.deadline - time.monotonic()))[1]:
-                    break
-                data = data[os.write(fd, data):]
-        except OSError:
-            pass  # it exited or closed its stdin
-        os.close(fd)
-
     # ---- the run's namespaces, cgroups and scratch space ----
 
     def enter_run_namespaces(self) -> None:
@@ -561,66 +512,45 @@ class Run:
 
     # ---- watching ----
 
-    def watch(self, pids: dict, until: str, extra: dict | None = None):
-        """Wait for the process named `until` (the others are killed when it ends), the deadline,
-        or the client hanging up (None). Everything is killed and reaped before this returns."""
-        extra = dict(extra or {})
-        pidfds = {os.pidfd_open(pid): (pid, name) for pid, name in pids.items()}
-        poller = select.poll()
-        for fd in pidfds:
-            poller.register(fd, select.POLLIN)
-        pipes = set(self.output) | set(extra)
-        for fd in pipes:
-            poller.register(fd, select.POLLIN)
-        if self.hangup_fd is not None:
-            poller.register(self.hangup_fd, 0)  # POLLHUP is always reported
-        ended, timed_out, drain_deadline = {}, False, None
-        live = dict(pidfds)
-        while True:
-            now = time.monotonic()
-            if live and not timed_out and now >= self.deadline:
-                timed_out = True
-                self.kill_all(live)
-            if not live:
-                if drain_deadline is None:
-                    drain_deadline = now + STOP_GRACE_S
-                if not pipes or now >= drain_deadline:
-                    break  # only a process that escaped the run still holds a pipe past the grace
-            wake = drain_deadline if not live else (None if timed_out else self.deadline)
-            for fd, _ in poller.poll(None if wake is None else max(0.0, wake - now) * 1000):
-                if fd in live:
-                    pid, name = live.pop(fd)
-                    _, status, usage = os.wait4(pid, 0)
-                    poller.unregister(fd)
-                    os.close(fd)
-                    ended[name] = {
-                        **self.how_it_ended(pid, status, usage),
-                        "killed": pid in self.killed,  # by us: the deadline, the output limit, or the other process ended
-                    }
-                    if name == until:
-                        self.kill_all(live)
-                elif fd == self.hangup_fd:
-                    self.kill_all(live)
-                    for pidfd, (pid, _) in live.items():
-                        os.wait4(pid, 0)
-                    return None
-                else:
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        poller.unregister(fd)
-                        pipes.discard(fd)
-                    elif fd in extra:
-                        if len(extra[fd]) < RECORD_MAX_BYTES:
-                            extra[fd] += chunk
-                    else:
-                        self.output[fd] = (self.output[fd] + chunk)[-self.keep_bytes:]
-                        self.output_bytes += len(chunk)
-                        if self.output_bytes > self.limits["output_mb"] * 2**20 and not self.output_exceeded:
-                            self.output_exceeded = True
-                            self.kill_all(live)
-        for fd in extra:
+    def watch(self, pids: dict, until: str, deadline: float | None = None, records=(), stdin: tuple | None = None):
+        """Wait for the process named `until` (the others are killed when it ends), the deadline
+        (the run's unless given), or the client hanging up (None), reading the output and `records`
+        pipes and feeding `stdin` (fd, data) meanwhile. Everything is killed and reaped before this
+        returns."""
+        live = {os.pidfd_open(pid): (pid, name) for pid, name in pids.items()}
+        ended = {}
+        wait = Wait(self, self.deadline if deadline is None else deadline, lambda: self.kill_all(live))
+
+        def reap(fd):
+            pid, name = live.pop(fd)
+            _, status, usage = os.wait4(pid, 0)
+            wait.forget(fd)
             os.close(fd)
-        return {"processes": ended, "timed_out": timed_out, "extra": extra, "outlived": bool(pipes - set(extra))}
+            ended[name] = {
+                **self.how_it_ended(pid, status, usage),
+                "killed": pid in self.killed,  # by us: the deadline, the output limit, or the other process ended
+            }
+            if name == until:
+                self.kill_all(live)
+            wait.done = not live
+
+        for fd in live:
+            wait.on(fd, reap)
+        wait.read_output(counted=set(self.output))
+        for fd in records:
+            wait.record(fd)
+        if stdin is not None:
+            wait.feed(*stdin)
+        try:
+            answered = wait.loop()
+        finally:
+            wait.close()
+        if not answered:
+            self.kill_all(live)
+            for pid, _ in live.values():
+                os.wait4(pid, 0)
+            return None
+        return {"processes": ended, "timed_out": wait.timed_out, "records": wait.records, "outlived": wait.outlived()}
 
     def setup_failure(self) -> str:
         try:
@@ -687,49 +617,57 @@ class Cases:
         """The case server's next message: a dict (JSON) or ("started", pidfd); None when it ended,
         broke the protocol or the deadline passed; HUNG_UP when the client did."""
         run = self.run_
-        deadline = run.deadline if deadline is None else deadline
-        poller = select.poll()
-        poller.register(self.control, select.POLLIN)
-        poller.register(self.server_fd, select.POLLIN)
-        if run.hangup_fd is not None:
-            poller.register(run.hangup_fd, 0)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready = dict(poller.poll(left * 1000))
-            if run.hangup_fd in ready:
-                return HUNG_UP
-            if self.control.fileno() in ready:
-                try:
-                    message, fds, _, _ = socket.recv_fds(self.control, 4096, 1)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    message, fds = b"", []
-                if message == b"started" and len(fds) == 1:
-                    return ("started", fds[0])
-                for fd in fds:
-                    os.close(fd)
-                try:
-                    value = json.loads(message) if message else None
-                except ValueError:
-                    value = None
-                if not isinstance(value, dict):
-                    self.gone = True
-                return value if isinstance(value, dict) else None
-            if self.server_fd in ready:
-                self.gone = True
-                return None
+        got = []
+        wait = Wait(run, run.deadline if deadline is None else deadline, kill=lambda: None, kill_grace=0.0)
+        self.listen(wait, got, first_only=True)
+        if not wait.loop():
+            return HUNG_UP
+        return got[0] if got else None
+
+    def listen(self, wait: Wait, into: list, first_only: bool) -> None:
+        """`wait`'s handlers for the case server: its next message goes into `into` and ends the wait,
+        and so does its end (it is then gone). `first_only`: what comes with the message is left unread."""
+        def message(fd):
+            try:
+                data, fds, _, _ = socket.recv_fds(self.control, 4096, 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            wait.forget(fd)
+            if first_only:
+                wait.forget(self.server_fd)
+            into.append(self.decode(data, fds))
+            wait.done = True
+
+        def server_ended(fd):
+            self.gone = True
+            wait.forget(fd)
+            wait.done = True
+
+        wait.on(self.control.fileno(), message)
+        wait.on(self.server_fd, server_ended)
+
+    def decode(self, data: bytes, fds: list):
+        if data == b"started" and len(fds) == 1:
+            return ("started", fds[0])
+        for fd in fds:
+            os.close(fd)
+        try:
+            value = json.loads(data) if data else None
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            self.gone = True
+            return None
+        return value
 
     def run(self, test: dict, match: dict):
         """Run one case; its outcome record, or HUNG_UP."""
         run = self.run_
         run.reset_output()
         stdin_r, stdin_w = os.pipe()
-        started_at = time.monotonic()
-        limit = run.limits.get("case_timeout_s")
-        deadline = min(run.deadline, started_at + limit) if limit else run.deadline
+        deadline = run.case_deadline()
         oom_before = run.oom_count()
         try:
             socket.send_fds(self.control, [b"case"], [stdin_r, run.stdout_w, run.stderr_w])
@@ -739,138 +677,37 @@ class Cases:
             os.close(stdin_r)
             run.close_output_ends()
         started = None if self.gone else self.receive(deadline)
-        if started is HUNG_UP:
+        if not isinstance(started, tuple):
             os.close(stdin_w)
-            return HUNG_UP
-        if not (isinstance(started, tuple)):
-            os.close(stdin_w)
+            if started is HUNG_UP:
+                return HUNG_UP
             self.gone = True
             return {"passed": False, "end": "lost", "error": "not run: the program's process stopped answering",
                     "stdout": "", "stderr": ""}
-        case_fd = started[1]
-        data = test["stdin"].encode()
-        timed_out = killed = False
-        ended = None
-        pipes = set(run.output) | {stdin_w}
-        poller = select.poll()
-        for fd in run.output:
-            poller.register(fd, select.POLLIN)
-        os.set_blocking(stdin_w, False)
-        if data:
-            poller.register(stdin_w, select.POLLOUT)
-        else:
-            os.close(stdin_w)
-            pipes.discard(stdin_w)
-        poller.register(self.control, select.POLLIN)
-        poller.register(self.server_fd, select.POLLIN)
-        if run.hangup_fd is not None:
-            poller.register(run.hangup_fd, 0)
-        give_up = None  # once the case is told to end (or has ended): how long we wait for the rest
+        case_fd, answers = started[1], []
+        # The case is the case server's child: ended with its pidfd, and its end comes as a message.
+        wait = Wait(run, deadline, lambda: kill_case(case_fd), kill_grace=CASE_SERVER_GRACE_S)
+        wait.read_output(counted={run.stdout})
+        wait.feed(stdin_w, test["stdin"].encode())
+        self.listen(wait, answers, first_only=False)
         try:
-            while True:
-                now = time.monotonic()
-                if ended is None and not killed and now >= deadline:
-                    timed_out = True
-                    self.kill_case(case_fd)
-                    killed = True
-                if (killed or ended is not None) and give_up is None:
-                    give_up = now + (CASE_SERVER_GRACE_S if ended is None else STOP_GRACE_S)
-                output_open = pipes & set(run.output)
-                if ended is not None and not output_open:
-                    break
-                if give_up is not None and now >= give_up:
-                    if ended is None:
-                        self.gone = True  # the case server did not say how the case ended
-                    break  # a process the case started holds its output: the run's end kills it
-                wake = give_up if give_up is not None else deadline
-                for fd, event in poller.poll(max(0.0, wake - now) * 1000):
-                    if fd == run.hangup_fd:
-                        return HUNG_UP
-                    if fd == stdin_w:
-                        try:
-                            data = data[os.write(stdin_w, data[:65536]):]
-                        except BlockingIOError:
-                            continue
-                        except OSError:
-                            data = b""  # it closed its stdin
-                        if not data:
-                            poller.unregister(stdin_w)
-                            os.close(stdin_w)
-                            pipes.discard(stdin_w)
-                    elif fd == self.control.fileno():
-                        message = self.receive(time.monotonic() + CASE_SERVER_GRACE_S)
-                        if message is HUNG_UP:
-                            return HUNG_UP
-                        if not isinstance(message, dict):
-                            self.gone = True
-                            ended = {}
-                        else:
-                            ended = message
-                        poller.unregister(self.control)
-                    elif fd == self.server_fd:
-                        self.gone = True
-                        poller.unregister(self.server_fd)
-                        ended = ended if ended is not None else {}
-                    elif fd in run.output:
-                        chunk = os.read(fd, 65536)
-                        if not chunk:
-                            poller.unregister(fd)
-                            pipes.discard(fd)
-                            continue
-                        run.output[fd] = (run.output[fd] + chunk)[-run.keep_bytes:]
-                        if fd == run.stdout:
-                            run.output_bytes += len(chunk)
-                        if run.output_bytes > run.limits["output_mb"] * 2**20 and not run.output_exceeded:
-                            run.output_exceeded = True
-                            self.kill_case(case_fd)
-                            killed = True
+            answered = wait.loop()
         finally:
             os.close(case_fd)
-            if stdin_w in pipes:
-                os.close(stdin_w)
-        outcome = self.judge(test, match, ended or {}, timed_out, deadline, run.oom_count() > oom_before)
+            wait.close()
+        if not answered:
+            return HUNG_UP
+        ended = answers[0] if answers and isinstance(answers[0], dict) else None
+        if ended is None:
+            self.gone = True  # the case server did not say how the case ended
+        seen = CaseSeen("python", ended or {}, run.output[run.stdout], run.output[run.stderr], timed_out=wait.timed_out,
+                        case_limit=deadline < run.deadline, oom=run.oom_count() > oom_before,
+                        output_exceeded=run.output_exceeded)
+        outcome = judge_case(seen, test, match, run.limits)
         run.output_exceeded = False
         outcome["stdout"] = run.output[run.stdout][-run.tail_bytes:].decode("utf-8", "replace")
         outcome["stderr"] = run.output[run.stderr][-run.tail_bytes:].decode("utf-8", "replace")
         return outcome
-
-    def judge(self, test: dict, match: dict, ended: dict, timed_out: bool, deadline: float,
-              oom: bool) -> dict:
-        run = self.run_
-        limits = run.limits
-        code, sig, cpu_s = ended.get("exit_code"), ended.get("signal"), ended.get("cpu_s") or 0.0
-
-        def outcome(end, error=None):
-            return {"passed": end == "ok", "end": end, "error": error}
-
-        if timed_out:
-            if limits.get("case_timeout_s") and deadline < run.deadline:
-                return outcome("timeout", f"exceeded the case time limit of {limits['case_timeout_s']:g} s")
-            return outcome("timeout", f"exceeded the wall-clock limit of {limits['wall_timeout_s']:g} s")
-        if oom or code == runner.MEMORY_EXIT:
-            return outcome("memory", "ran out of memory")
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits["cpu_time_s"]):
-            return outcome("timeout", f"exceeded the CPU time limit of {limits['cpu_time_s']} s")
-        if run.output_exceeded:
-            return outcome("output", f"wrote more than {limits['output_mb']} MiB of output")
-        if not ended:
-            return outcome("lost", "the program's process stopped answering")
-        stderr = run.output[run.stderr].decode("utf-8", "replace").strip().splitlines()
-        last = f": {stderr[-1][:200]}" if stderr else ""
-        if sig is not None:
-            return outcome("crash", f"the program was killed by signal {sig}{last}")
-        if code != 0:
-            return outcome("crash", f"the program exited with code {code}{last}")
-        got = run.output[run.stdout].decode("utf-8", "replace")
-        if matching.outputs_match(got, test["stdout"], match["mode"], match["float_tolerance"]):
-            return outcome("ok")
-        return outcome("wrong", f"wrong output: {got[:200]!r}")
-
-    def kill_case(self, case_fd: int) -> None:
-        try:
-            signal.pidfd_send_signal(case_fd, signal.SIGKILL)
-        except (ProcessLookupError, OSError):
-            pass
 
     def close(self) -> dict | None:
         """End the case server (its PID namespace goes with it) and say how it ended."""
@@ -884,6 +721,13 @@ class Cases:
         _, status, usage = os.wait4(self.server, 0)
         os.close(self.server_fd)
         return run.how_it_ended(self.server, status, usage)
+
+
+def kill_case(case_fd: int) -> None:
+    try:
+        signal.pidfd_send_signal(case_fd, signal.SIGKILL)
+    except (ProcessLookupError, OSError):
+        pass
 
 
 def run_body(body, run: "Run") -> None:
@@ -923,144 +767,3 @@ def init(body, ended_w: int, run: "Run") -> None:
                 break
     finally:
         os._exit(0)
-
-
-def fork_new_pid_namespace(flags: int = 0) -> int:
-    """fork(), with the child the init of a new PID namespace: clone(CLONE_NEWPID | flags | SIGCHLD).
-    (unshare(CLONE_NEWPID) would work once per process; a C++ run needs one namespace per test.)
-    Python's at-fork handlers do not run; the supervisor is single-threaded, so none are needed."""
-    pid = libc.syscall(SYS_CLONE, CLONE_NEWPID | flags | signal.SIGCHLD, 0, 0, 0, 0)
-    if pid < 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"clone(CLONE_NEWPID): {os.strerror(error)}")
-    return pid
-
-
-def enter_root(root: str, mount_proc: bool = True) -> None:
-    """In a sandboxed process, still root: with `mount_proc` (the first process of a new PID
-    namespace, in the run's mount namespace or one of its own) a /proc at the root's that shows
-    only this namespace's processes; then the prepared root as / (chroot: what lies outside it
-    stays out of reach, as the process loses CAP_SYS_CHROOT with its uid and the syscall filter
-    refuses chroot, mount and pivot_root; and it holds no descriptor from outside once common_setup
-    has closed them)."""
-    if mount_proc:  # hidepid=2: of the namespace's processes, only those of one's own uid
-        check(libc.mount(b"proc", f"{root}/proc".encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2"),
-              "mount /proc")
-    os.chroot(root)
-    os.chdir("/")
-
-
-def oom_kills(cgroup: str) -> int | None:
-    """The out-of-memory kills a memory cgroup has counted (v2 memory.events, v1 memory.oom_control),
-    or None where it has no such counter."""
-    for name in ("memory.events", "memory.oom_control"):
-        try:
-            with open(os.path.join(cgroup, name)) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except OSError:
-            pass
-    return None
-
-
-def write(directory: str, name: str, value: str, missing_ok: bool = False) -> None:
-    try:
-        with open(os.path.join(directory, name), "w") as f:
-            f.write(value)
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
-
-
-class SandboxKiller:
-    """kill(-1, SIGKILL) as the sandbox uid, from a process forked before the run started: a fork
-    bomb may have taken every pid the container allows, and then the supervisor could not fork a
-    killer. It stays root (out of the program's reach) until its first kill; that kill ends every
-    process of the uid at once, so none is left to reach it afterwards."""
-
-    def __init__(self):
-        requests_r, self.requests = os.pipe()
-        self.acks, acks_w = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                os.closerange(3, min(requests_r, acks_w))
-                os.closerange(max(requests_r, acks_w) + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-                for fd in range(min(requests_r, acks_w) + 1, max(requests_r, acks_w)):
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-                dropped = False
-                while os.read(requests_r, 1):
-                    if not dropped:
-                        os.setgroups([])
-                        os.setgid(SANDBOX_GID)
-                        os.setuid(SANDBOX_UID)
-                        dropped = True
-                    try:
-                        os.kill(-1, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass  # none left
-                    os.write(acks_w, b"k")
-            finally:
-                os._exit(0)
-        os.close(requests_r)
-        os.close(acks_w)
-
-    def kill(self) -> None:
-        try:
-            os.write(self.requests, b"k")
-            if os.read(self.acks, 1):
-                return
-        except OSError:
-            pass
-        kill_all_of(SANDBOX_UID)  # the killer is gone: fork one after all
-
-    def close(self) -> None:
-        os.close(self.requests)
-        os.close(self.acks)
-        os.waitpid(self.pid, 0)
-
-
-def kill_all_of(uid: int) -> None:
-    """kill(-1, SIGKILL) as `uid`: every process of that uid, atomically (a fork bomb cannot outrun it)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        except BaseException:
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
-
-
-def processes_of(uids) -> list[int]:
-    """Live (not zombie) processes owned by one of `uids`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if int(fields["Uid"].split()[0]) in uids and not fields["State"].strip().startswith(("Z", "X")):
-            found.append(int(entry))
-    return found
-
-
-def remove(path: str) -> None:
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass

@@ -58,7 +58,7 @@ CASE_STATUS = {"wrong": Status.failed, "timeout": Status.timeout, "memory": Stat
 
 
 def _cases(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
-    """Python stdin/stdout cases, each judged by the supervisor (supervisor.Cases.judge)."""
+    """Python stdin/stdout cases, each judged by the supervisor (judge.judge_case)."""
     load = report["load"]
     if load["status"] == "syntax_error":
         return Status.syntax_error, load["detail"], []
