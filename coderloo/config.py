@@ -18,10 +18,10 @@ from coderloo.curriculum import CurriculumConfig
 from coderloo.models import TinyModelSpec
 from coderloo.runtime import REPO_ROOT
 from coderloo.tasksets.competitive import ColumnMapping
-from common.config import Section
+from common.config import Section, with_default_variants
 from learner.config import CriticConfig, LearnerConfig
 from reward_service.config import ServiceConfig
-from rollout_workers.config import EnvConfig, PromptConfig, RolloutConfig
+from rollout_workers.config import EnvConfig, PromptConfig, RolloutConfig, SingleEnv
 from sandbox_pool import PoolSettings
 
 
@@ -197,7 +197,7 @@ class Config(Section):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Prompt selection by running pass rate.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="An outcome critic trained online on the scored samples.")
     env: EnvConfig = Field(
-        default_factory=EnvConfig,
+        default_factory=SingleEnv,
         description="The environment of a trajectory: one attempt, or several turns with refinement from execution feedback, "
         "a code interpreter, or self-repair on public tests (rollout_workers/environments.py).",
     )
@@ -213,6 +213,11 @@ class Config(Section):
         description="Local cluster only: port of Ray's Prometheus endpoint on 127.0.0.1 (None: a free one, printed at "
         "start). On a cluster, `ray start --metrics-export-port` sets it (cluster.yaml).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variants(cls, data):
+        return with_default_variants(data, {"env": ("name", "single")})
 
     @model_validator(mode="after")
     def _metrics_port_local(self) -> "Config":

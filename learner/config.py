@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from common.config import Section
+from common.config import Section, Variant, with_default_variants
 
 
 class LoraSettings(Section):
@@ -42,18 +42,7 @@ class LoraSettings(Section):
     )
 
 
-def _type_required(schema: dict) -> None:
-    schema["required"] = ["type", *schema.get("required", [])]
-
-
-class _Variant(Section):
-    """A variant of a section, chosen by its `type`; a section written without one is its default
-    variant (LearnerConfig._default_variants), but a schema asks for the type."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_type_required)
-
-
-class _PolicyLossBase(_Variant):
+class _PolicyLossBase(Variant):
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
         default="token_mean",
         description="What a mini-batch's token losses are divided by. token_mean: the mini-batch's trained "
@@ -70,7 +59,7 @@ class _PolicyLossBase(_Variant):
     )
 
 
-class _RatioLevel(_Variant):
+class _RatioLevel(Variant):
     importance_level: Literal["token", "sequence"] = Field(
         default="token",
         description="token: a ratio per token; sequence (GSPO): the length-normalized geometric mean of a "
@@ -127,7 +116,7 @@ class VespoLoss(_PolicyLossBase):
 PolicyLoss = Annotated[ClipLoss | CispoLoss | SapoLoss | VespoLoss, Field(discriminator="type")]
 
 
-class _Estimator(_Variant):
+class _Estimator(Variant):
     normalize: bool = Field(default=True, description="Scale advantages to unit std over the batch.")
 
 
@@ -330,11 +319,7 @@ class LearnerConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _default_variants(cls, data):
-        if isinstance(data, dict):
-            for section, default in (("loss", "clip"), ("advantage", "rloo")):
-                if isinstance(data.get(section), dict) and "type" not in data[section]:
-                    data = {**data, section: {"type": default, **data[section]}}
-        return data
+        return with_default_variants(data, {"loss": ("type", "clip"), "advantage": ("type", "rloo")})
 
     @model_validator(mode="after")
     def _lora(self) -> "LearnerConfig":

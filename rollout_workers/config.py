@@ -2,12 +2,12 @@
 how tasks become prompts."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 
-from common.config import Section
+from common.config import Section, Variant
 
 
 class WeightSyncConfig(Section):
@@ -89,26 +89,24 @@ class RolloutConfig(Section):
         return options
 
 
-class EnvConfig(Section):
-    """The environment a trajectory runs in (rollout_workers/environments.py): one turn, or several
-    with what the environment says in between."""
+class SingleEnv(Variant):
+    """One attempt per sample."""
 
-    name: Literal["single", "refine", "interpreter", "public_tests"] = Field(
-        default="single",
-        description="single: one attempt per sample. refine: a failed attempt is followed by its execution feedback and "
-        "another attempt, up to max_turns. interpreter: the model may run code mid-answer (a turn ending at run_marker) and "
-        "read its stdout, stderr and exit status, up to max_tool_calls, before its answer is scored by the tests. "
-        "public_tests: stdin/stdout tasks with public cases; an attempt's feedback is its public cases' outcome, the "
-        "reward is the private cases' (tasks without public cases get one attempt).",
-    )
+    tag: ClassVar[str] = "name"
+    name: Literal["single"] = "single"
+    multi_turn: ClassVar[bool] = False
+    train_as: ClassVar[str] = "turns"
+    turn_cost: ClassVar[float] = 0.0
+
+
+class _MultiTurnEnv(Variant):
+    tag: ClassVar[str] = "name"
+    multi_turn: ClassVar[bool] = True
     max_turns: int = Field(default=3, ge=1, description="Most policy turns per trajectory (attempts; tool calls and the answer).")
-    max_tool_calls: int = Field(default=2, ge=0, description="interpreter: most runs per trajectory; the turn after the last one is the answer.")
-    run_marker: str = Field(default="#>>> run", min_length=1, description="interpreter: a turn that ends with this asks to run its code.")
     max_total_tokens: int = Field(
         default=1024, ge=1, description="Most tokens per trajectory, its first prompt, the policy's and the observations' together; "
         "a trajectory that would pass it (or the engine's context) ends with the turns it has.")
     observation_tokens: int = Field(default=160, ge=8, description="An observation longer than this is cut to it, ending with a marker.")
-    feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
     turn_cost: float = Field(
         default=0.0, ge=0, description="Subtracted from a trajectory's reward per turn after its first (so the policy is not paid to dawdle).")
     train_as: Literal["turns", "concat"] = Field(
@@ -117,17 +115,46 @@ class EnvConfig(Section):
         "sequence (prompt, turn, observation, turn, ...) with the observations masked out of the loss.",
     )
 
-    @property
-    def multi_turn(self) -> bool:
-        return self.name != "single"
+
+class RefineEnv(_MultiTurnEnv):
+    """A failed attempt is followed by its execution feedback and another attempt, up to max_turns."""
+
+    name: Literal["refine"] = "refine"
+    max_turns: int = Field(default=3, ge=2, description="Most attempts per trajectory (1 is env single).")
+    feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
+
+
+class PublicTestsEnv(_MultiTurnEnv):
+    """stdin/stdout tasks with public cases: an attempt's feedback is its public cases' outcome, the
+    reward is the private cases' (tasks without public cases get one attempt)."""
+
+    name: Literal["public_tests"] = "public_tests"
+    max_turns: int = Field(default=3, ge=2, description="Most attempts per trajectory (1 is env single).")
+    feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
+
+
+class InterpreterEnv(_MultiTurnEnv):
+    """The model may run code mid-answer (a turn ending at run_marker) and read its stdout, stderr and
+    exit status, up to max_tool_calls, before its answer is scored by the tests."""
+
+    name: Literal["interpreter"] = "interpreter"
+    max_tool_calls: int = Field(default=2, ge=0, description="Most runs per trajectory; the turn after the last one is the answer.")
+    run_marker: str = Field(default="#>>> run", min_length=1, description="A turn that ends with this asks to run its code.")
 
     @model_validator(mode="after")
-    def _turns(self) -> "EnvConfig":
-        if self.name in ("refine", "public_tests") and self.max_turns < 2:
-            raise ValueError(f"max_turns={self.max_turns}: env {self.name} needs at least 2 turns (1 is env single)")
-        if self.name == "interpreter" and self.max_tool_calls >= self.max_turns:
+    def _answer_turn(self) -> "InterpreterEnv":
+        if self.max_tool_calls >= self.max_turns:
             raise ValueError(f"max_tool_calls={self.max_tool_calls} leaves no turn for the answer in max_turns={self.max_turns}")
         return self
+
+
+# The environment a trajectory runs in (rollout_workers/environments.py), chosen by its name.
+EnvConfig = Annotated[SingleEnv | RefineEnv | InterpreterEnv | PublicTestsEnv, Field(discriminator="name")]
+
+
+def env_config(**fields) -> EnvConfig:
+    """The environment section of `fields` (name: single when left out)."""
+    return TypeAdapter(EnvConfig).validate_python({"name": "single", **fields})
 
 
 # What a chat prompt asks before the task's text, by the task's kind of test (Task.test_kind).

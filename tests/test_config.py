@@ -123,6 +123,9 @@ def test_the_schema_checks_every_shipped_file_and_names_the_variants(capsys):
     learner = schema["$defs"]["LearnerConfig"]["properties"]
     assert set(learner["loss"]["discriminator"]["mapping"]) == {"clip", "cispo", "sapo", "vespo"}
     assert set(learner["advantage"]["discriminator"]["mapping"]) == {"rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce", "ppo"}
+    env = schema["properties"]["env"]
+    assert env["discriminator"]["propertyName"] == "name"
+    assert set(env["discriminator"]["mapping"]) == {"single", "refine", "interpreter", "public_tests"}
     from coderloo.cli import main
 
     assert main(["config", "schema"]) == 0

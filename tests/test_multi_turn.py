@@ -18,7 +18,7 @@ from learner.algorithm import build_batch, to_sequences
 from learner.config import LearnerConfig
 from reward_service.client import RewardClient
 from rollout_workers import GenerationParams, PromptRollout, RolloutGroup, Sample, start_workers
-from rollout_workers.config import EnvConfig, PromptConfig, RolloutConfig
+from rollout_workers.config import InterpreterEnv, PromptConfig, RefineEnv, RolloutConfig, env_config
 from rollout_workers.demonstrations import demonstrations
 from rollout_workers.environments import make_environment
 from rollout_workers.mutants import mutants
@@ -36,7 +36,7 @@ def service(ray_cluster):
 
 
 def strategy(group, service, tokenizer, **env) -> MultiTurn:
-    config = EnvConfig(**env)
+    config = env_config(**env)
     return MultiTurn(group, make_environment(config, service), config, tokenizer)
 
 
@@ -92,7 +92,7 @@ class ScriptedPolicy:
         return 0
 
 
-MARKER = EnvConfig().run_marker
+MARKER = InterpreterEnv().run_marker
 HOSTILE = {  # the probes of a hostile tool user, and what its trajectory must show
     "floods the observation": "    return x + 1\nprint('x' * 10_000_000)\n",
     "hangs": "    while True:\n        pass\nsolve(1)\n",
@@ -146,14 +146,14 @@ def test_self_repair_reads_the_public_cases_and_is_rewarded_by_the_private_ones(
 def test_demonstrations_are_built_from_real_runs(service, tiny_model):
     tokenizer = load_tokenizer(tiny_model)
     tasks = synthetic_suite()["train"][:12]
-    fixes = demonstrations(tasks, make_environment(EnvConfig(name="refine"), service), EnvConfig(name="refine"), tokenizer, PromptConfig())
+    fixes = demonstrations(tasks, make_environment(RefineEnv(), service), RefineEnv(), tokenizer, PromptConfig())
     assert len(fixes) >= 10
     for context, completion in fixes:
         text = tokenizer.decode(context)
         assert "# What running the code above said:\n# Failed:" in text or "# Runtime error" in text
         task = next(t for t in tasks if tokenizer.decode(completion, skip_special_tokens=True) == t.reference[len(t.prompt):])
         assert text.startswith(task.prompt) and text.endswith(task.prompt)  # the task, the wrong attempt, the feedback, the task again
-    config = EnvConfig(name="interpreter")
+    config = InterpreterEnv()
     probes = demonstrations(tasks, make_environment(config, service), config, tokenizer, PromptConfig())
     assert len(probes) == 2 * len(tasks)  # the probe, then the answer after its output
     probe_context, probe = probes[0]
@@ -200,4 +200,4 @@ def test_eval_command_reports_the_interpreter_next_to_single_turn(ray_cluster, t
     assert main(args) == 0
     report = json.loads(out.read_text())
     assert {"pass@1", "single_turn_pass@1", "greedy_pass@1", "single_turn_greedy_pass@1", "tool_calls_mean", "turns_mean"} <= set(report)
-    assert 1.0 <= report["turns_mean"] <= EnvConfig().max_turns
+    assert 1.0 <= report["turns_mean"] <= InterpreterEnv().max_turns

@@ -13,7 +13,7 @@ from learner.config import LearnerConfig
 from reward_service.schemas import Components, ItemReward, RunResult
 from reward_service.tasks import Task
 from rollout_workers import GenerationParams, PromptRollout, Sample
-from rollout_workers.config import EnvConfig
+from rollout_workers.config import InterpreterEnv, env_config
 from rollout_workers.environments import Interpreter, PublicTests, Refine
 from rollout_workers.strategies import MultiTurn, SingleAttempt, pass_rates_by_turn
 from rollout_workers.types import Trajectory, Turn
@@ -92,7 +92,7 @@ class ScriptedRewards:
 
 
 def multi_turn(env_class, group, service, **config):
-    config = EnvConfig(name={Refine: "refine", Interpreter: "interpreter", PublicTests: "public_tests"}[env_class], **config)
+    config = env_config(name={Refine: "refine", Interpreter: "interpreter", PublicTests: "public_tests"}[env_class], **config)
     return MultiTurn(group, env_class(service, config), config, TOKENIZER)
 
 
@@ -154,7 +154,7 @@ def test_an_observation_is_cut_with_a_marker_and_a_trajectory_ends_where_its_nex
 
 def test_the_interpreter_runs_a_turn_that_ends_at_the_marker_and_scores_the_answer():
     config = dict(max_turns=3, max_tool_calls=1)
-    marker = EnvConfig().run_marker
+    marker = InterpreterEnv().run_marker
     probe = ("    return x + 1\nprint(solve(3))\n", marker)
     group, service = ScriptedGroup([probe, probe]), ScriptedRewards([[True]], runs="4\n")
     strategy = multi_turn(Interpreter, group, service, **config)
@@ -232,12 +232,14 @@ def test_env_config_checks():
     assert load_config("configs/default.yaml", []).env.name == "single"
     with pytest.raises(ConfigError, match=r"env.name refine and dense rewards \(learner.advantage\) are not supported together"):
         load_config("configs/default.yaml", ["env.name=refine", "learner.advantage.dense={}"])
-    with pytest.raises(ConfigError, match="max_turns=1: env refine needs at least 2 turns"):
+    with pytest.raises(ConfigError, match="env.refine.max_turns: Input should be greater than or equal to 2"):
         load_config("configs/default.yaml", ["env.name=refine", "env.max_turns=1"])
     with pytest.raises(ConfigError, match="max_tool_calls=3 leaves no turn for the answer in max_turns=3"):
         load_config("configs/default.yaml", ["env.name=interpreter", "env.max_tool_calls=3"])
-    with pytest.raises(ConfigError, match="env.feedback_chars"):
-        load_config("configs/default.yaml", ["env.feedback_chars=0"])
+    with pytest.raises(ConfigError, match="env.refine.feedback_chars"):
+        load_config("configs/default.yaml", ["env.name=refine", "env.feedback_chars=0"])
+    with pytest.raises(ConfigError, match="env.single.max_turns: Extra inputs are not permitted"):  # a field of another variant
+        load_config("configs/default.yaml", ["env.max_turns=2"])
     with pytest.raises(ConfigError, match="sft.demonstrations: multi-turn demonstrations are of an environment"):
         load_config("configs/default.yaml", ["sft.demonstrations=0.5"])
     with pytest.raises(ConfigError, match="env.train_as concat with learner.overlong_buffer"):
