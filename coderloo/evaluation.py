@@ -82,43 +82,69 @@ def evaluate(
     metrics: dict[str, float | dict[str, float]] = {}
     breakdown = None  # (tasks, samples) passed, for the pass rates by difficulty and family
     if config.sampled:
-        n = config.samples_per_task
-        params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
-        with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
-            rollouts = strategy.run(tasks, params, seed, bar.update)
-        metrics.update({key: value for key, value in rollouts.metrics.items()
-                        if key.startswith("pass@") or key in ("turns_mean", "tool_calls_mean")})
-        passed = breakdown = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
-        metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in config.k})
-        if critic is not None:
-            m = critic.config.select_n
-            last = [[t.turns[-1] for t in group[:m]] for group in rollouts.groups]
-            p_passed = critic.p_passed([turn.prompt_ids for row in last for turn in row], [turn.token_ids for row in last for turn in row])
-            p_passed = p_passed.reshape(len(tasks), m)
-            texts = [[turn.text for turn in row] for row in last]
-            metrics["pass@1_critic"] = pass_rate_of_pick(passed[:, :m], p_passed)
-            metrics["pass@1_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed)))
-            metrics["pass@1_critic_vote"] = pass_rate_of_pick(passed[:, :m], vote_scores(texts, p_passed))
-            metrics["pass@1_random"] = float(passed[:, :m].mean())
-        if single is not None:
-            with tqdm(total=len(tasks), desc=f"{label}: {n} single-turn samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
-                alone = single.run(tasks, params, seed, bar.update)
-            metrics["single_turn_pass@1"] = float(np.mean([[t.outcome.passed for t in group] for group in alone.groups]))
+        breakdown = _sampled(metrics, strategy, tasks, config, max_new_tokens, stop, seed, critic, label, single)
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-        with tqdm(total=len(tasks), desc=f"{label}: greedy", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
-            rollouts = strategy.run(tasks, params, None, bar.update)
-        greedy = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+        greedy = _passed(strategy, tasks, params, None, f"{label}: greedy")
         metrics["greedy_pass@1"] = float(greedy.mean())
         breakdown = greedy if breakdown is None else breakdown
         if single is not None:
             alone = single.run(tasks, params, None)
             metrics["single_turn_greedy_pass@1"] = float(np.mean([[t.outcome.passed for t in group] for group in alone.groups]))
     if breakdown is not None:
-        metrics["by_difficulty"] = pass_rate_by(tasks, breakdown, lambda task: task.difficulty)
-        metrics["by_family"] = pass_rate_by(tasks, breakdown, lambda task: task.family)
-        metrics["by_kind"] = pass_rate_by(tasks, breakdown, lambda task: task.test_kind)
-        by_level = pass_rate_by(tasks, breakdown, lambda task: task.level)
-        by_month = pass_rate_by(tasks, breakdown, lambda task: task.date and f"{task.date:%Y-%m}")
-        metrics.update({name: rates for name, rates in (("by_level", by_level), ("by_month", by_month)) if rates})
+        metrics.update(_pass_rates_by_task(tasks, breakdown))
     return metrics
+
+
+def _sampled(metrics: dict, strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
+             seed: int | None, critic: OnlineCritic | None, label: str, single: RolloutStrategy | None) -> np.ndarray:
+    """The sampled evaluation's metrics into `metrics` (see `evaluate`); its samples passed, a row per task."""
+    n = config.samples_per_task
+    params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
+    with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
+        rollouts = strategy.run(tasks, params, seed, bar.update)
+    metrics.update({key: value for key, value in rollouts.metrics.items()
+                    if key.startswith("pass@") or key in ("turns_mean", "tool_calls_mean")})
+    passed = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+    metrics.update({f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed.sum(axis=1)])) for k in config.k})
+    if critic is not None:
+        metrics.update(_critic_picks(critic, rollouts.groups, passed))
+    if single is not None:
+        metrics["single_turn_pass@1"] = float(_passed(single, tasks, params, seed, f"{label}: {n} single-turn samples").mean())
+    return passed
+
+
+def _passed(strategy: RolloutStrategy, tasks: list[Task], params: GenerationParams, seed: int | None, desc: str) -> np.ndarray:
+    """Whether each of the trajectories `strategy` makes passed, a row per task (a progress bar named `desc`)."""
+    with tqdm(total=len(tasks), desc=desc, unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
+        rollouts = strategy.run(tasks, params, seed, bar.update)
+    return np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+
+
+def _critic_picks(critic: OnlineCritic, groups: list, passed: np.ndarray) -> dict[str, float]:
+    """pass@1 of the critic's pick among each task's first `select_n` samples, of a random pick, a
+    majority vote and a vote weighted by the critic among the same ones."""
+    m = critic.config.select_n
+    last = [[t.turns[-1] for t in group[:m]] for group in groups]
+    p_passed = critic.p_passed([turn.prompt_ids for row in last for turn in row], [turn.token_ids for row in last for turn in row])
+    p_passed = p_passed.reshape(len(groups), m)
+    texts = [[turn.text for turn in row] for row in last]
+    return {
+        "pass@1_critic": pass_rate_of_pick(passed[:, :m], p_passed),
+        "pass@1_vote": pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed))),
+        "pass@1_critic_vote": pass_rate_of_pick(passed[:, :m], vote_scores(texts, p_passed)),
+        "pass@1_random": float(passed[:, :m].mean()),
+    }
+
+
+def _pass_rates_by_task(tasks: list[Task], passed: np.ndarray) -> dict[str, dict[str, float]]:
+    """The pass rates by difficulty, family and kind of test; by the source's level and by month of
+    publication when the tasks have them."""
+    rates = {
+        "by_difficulty": pass_rate_by(tasks, passed, lambda task: task.difficulty),
+        "by_family": pass_rate_by(tasks, passed, lambda task: task.family),
+        "by_kind": pass_rate_by(tasks, passed, lambda task: task.test_kind),
+    }
+    optional = {"by_level": pass_rate_by(tasks, passed, lambda task: task.level),
+                "by_month": pass_rate_by(tasks, passed, lambda task: task.date and f"{task.date:%Y-%m}")}
+    return {**rates, **{name: by for name, by in optional.items() if by}}

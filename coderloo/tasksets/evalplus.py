@@ -53,41 +53,46 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _tuples(inputs: list) -> list:
+    """Each argument a tuple."""
+    return [[tuple(lst) for lst in inp] for inp in inputs]
+
+
+def _lists_of_tuples(inputs: list) -> list:
+    """Each argument a list of tuples."""
+    return [[[tuple(lst) for lst in lst_lst] for lst_lst in inp] for inp in inputs]
+
+
+def _tuples_all_the_way(x):
+    """Every list, at any depth, a tuple."""
+    return tuple(_tuples_all_the_way(item) for item in x) if isinstance(x, list) else x
+
+
+# EvalPlus's evalplus/data/mbpp.py `mbpp_deserialize_inputs`, as a table: task numbers, then how
+# their inputs are turned back.
+_MBPP_INPUTS = (
+    ((2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616, 630, 726, 740, 744, 809), _tuples),
+    ((63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780), _lists_of_tuples),
+    ((75, 413, 444, 753), lambda inputs: [[[tuple(lst) for lst in inp[0]]] + [inp[1]] for inp in inputs]),
+    ((106, 750), lambda inputs: [[inp[0]] + [tuple(inp[1])] for inp in inputs]),
+    ((115,), lambda inputs: [[[set(item) if isinstance(item, list) and len(item) else {} for item in inp[0]]] for inp in inputs]),
+    ((124,), lambda inputs: [(float(inp[0]), complex(inp[1])) for inp in inputs]),
+    ((250, 405, 446, 617, 720, 763, 808), lambda inputs: [[tuple(inp[0])] + [inp[1]] for inp in inputs]),
+    ((259, 401, 445), lambda inputs: _tuples(_lists_of_tuples(inputs))),
+    ((278,), lambda inputs: _tuples([[[tuple(item) if isinstance(item, list) else item for item in inp[0]]] for inp in inputs])),
+    ((307,), lambda inputs: [[tuple(inp[0])] + [inp[1], inp[2]] for inp in inputs]),
+    ((722,), lambda inputs: [[{key: tuple(value) for key, value in inp[0].items()}] + inp[1:] for inp in inputs]),
+    ((252,), lambda inputs: [[complex(inp[0])] for inp in inputs]),
+    ((580, 615, 791), lambda inputs: [_tuples_all_the_way(inp) for inp in inputs]),
+)
+_MBPP_DESERIALIZE = {number: convert for numbers, convert in _MBPP_INPUTS for number in numbers}
+
+
 def mbpp_deserialize_inputs(number: int, inputs: list) -> list:
     """MBPP+ stores tuples, sets and complex numbers as JSON lists and strings; EvalPlus's
     evalplus/data/mbpp.py `mbpp_deserialize_inputs` turns them back, task by task."""
-    if number in (2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616, 630, 726,
-                  740, 744, 809):
-        return [[tuple(lst) for lst in inp] for inp in inputs]
-    if number in (63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780):
-        return [[[tuple(lst) for lst in lst_lst] for lst_lst in inp] for inp in inputs]
-    if number in (75, 413, 444, 753):
-        return [[[tuple(lst) for lst in inp[0]]] + [inp[1]] for inp in inputs]
-    if number in (106, 750):
-        return [[inp[0]] + [tuple(inp[1])] for inp in inputs]
-    if number == 115:
-        return [[[set(item) if isinstance(item, list) and len(item) else {} for item in inp[0]]] for inp in inputs]
-    if number == 124:
-        return [(float(inp[0]), complex(inp[1])) for inp in inputs]
-    if number in (250, 405, 446, 617, 720, 763, 808):
-        return [[tuple(inp[0])] + [inp[1]] for inp in inputs]
-    if number in (259, 401, 445):
-        inputs = [[[tuple(lst) for lst in lst_lst] for lst_lst in inp] for inp in inputs]
-        return [[tuple(lst) for lst in inp] for inp in inputs]
-    if number == 278:
-        inputs = [[[tuple(item) if isinstance(item, list) else item for item in inp[0]]] for inp in inputs]
-        return [[tuple(lst) for lst in inp] for inp in inputs]
-    if number == 307:
-        return [[tuple(inp[0])] + [inp[1], inp[2]] for inp in inputs]
-    if number == 722:
-        return [[{key: tuple(value) for key, value in inp[0].items()}] + inp[1:] for inp in inputs]
-    if number == 252:
-        return [[complex(inp[0])] for inp in inputs]
-    if number in (580, 615, 791):
-        def to_tuples(x):
-            return tuple(to_tuples(item) for item in x) if isinstance(x, list) else x
-        return [to_tuples(inp) for inp in inputs]
-    return inputs
+    convert = _MBPP_DESERIALIZE.get(number)
+    return convert(inputs) if convert else inputs
 
 
 def _number(task_id: str) -> int:
