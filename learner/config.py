@@ -322,7 +322,7 @@ class LearnerConfig(Section):
         return with_default_variants(data, {"loss": ("type", "clip"), "advantage": ("type", "rloo")})
 
     @model_validator(mode="after")
-    def _lora(self) -> "LearnerConfig":
+    def _combinations(self) -> "LearnerConfig":
         if self.lora is not None and self.advantage.type == "ppo" and self.advantage.value_model == "shared":
             raise ValueError("lora with advantage.value_model shared: a value head on an adapted backbone is not supported; "
                              "use value_model separate (a value model of its own, trained whole)")
