@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install train test bench soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
+.PHONY: install train test test-fast test-machine coverage docs bench soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,26 @@ install: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/coderloo train --config $(CONFIG) $(ARGS)
 
-test: $(STAMP)
-	$(PY) -m pytest -q -ra --durations=20 tests
+# Everything: the machine's set-up (tests/machine.sh), the docs built strictly, then the whole suite,
+# where a missing Docker engine or image is a failure, not a skip.
+test: test-machine docs
+	CODERLOO_REQUIRE_DOCKER=1 $(PY) -m pytest -q -ra --durations=20 tests
+
+# The fast tier: the tests that start no Ray, vLLM, DeepSpeed, Serve or Docker container
+# (tests/conftest.py refuses to start the first four there).
+test-fast: $(STAMP)
+	CODERLOO_FAST_TIER=1 $(PY) -m pytest -q -ra -m "not slow" --durations=10 tests
+
+test-machine: $(STAMP)
+	bash tests/machine.sh
+
+# The whole suite under coverage.py: the lines each package runs in the test process (the code
+# that runs inside Ray's actors is not counted), a table per package.
+COVERED := coderloo,common,learner,rollout_workers,reward_service,sandbox_pool
+coverage: test-machine
+	CODERLOO_REQUIRE_DOCKER=1 $(PY) -m coverage run --source=$(COVERED) -m pytest -q -ra tests
+	$(PY) -m coverage json -q -o .cache/coverage.json
+	$(PY) -m bench.coverage_by_package .cache/coverage.json
 
 # The docs site (mkdocs.yml, docs/): a broken link, anchor or page fails the build. The
 # configuration reference is rendered from the schema by docs/hooks.py. The site goes to .cache/site.

@@ -1,7 +1,16 @@
-"""Shared fixtures: one local Ray cluster and one tiny model for the whole test session."""
+"""Shared fixtures: one local Ray cluster and one tiny model for the whole test session; the tiers.
+
+Two tiers: a test that starts Ray, vLLM, DeepSpeed, Serve or Docker containers is `slow` (by its
+`ray_cluster` fixture, a "docker" parameter or tests/test_sandbox_docker.py); the rest is the fast
+tier (`make test-fast`, `-m "not slow"`). With CODERLOO_FAST_TIER=1 starting Ray, vLLM, DeepSpeed or
+Serve raises, so a test in the wrong tier fails there.
+"""
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +20,52 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# module -> what starts the part: the names a fast-tier test must not call
+HEAVY = {"ray": ["init"], "ray.serve": ["start", "run"], "deepspeed": ["initialize"], "vllm": ["LLM"]}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        docker = "docker" in params.values() or item.module.__name__.endswith("test_sandbox_docker")
+        if "ray_cluster" in item.fixturenames or docker:
+            item.add_marker(pytest.mark.slow)
+
+
+class _RefuseHeavy(importlib.abc.MetaPathFinder):
+    """Replaces the starters in HEAVY with a refusal as each module is imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in HEAVY:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_refuse(module):
+            exec_module(module)
+            for attr in HEAVY[name]:
+                setattr(module, attr, _refusal(f"{name}.{attr}"))
+
+        spec.loader.exec_module = exec_and_refuse
+        return spec
+
+
+def _refusal(what: str):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{what} in the fast tier: mark the test slow (tests/conftest.py)")
+    return refuse
+
+
+if os.environ.get("CODERLOO_FAST_TIER") == "1":
+    assert not set(HEAVY) & set(sys.modules), "conftest must refuse the heavy parts before they are imported"
+    sys.meta_path.insert(0, _RefuseHeavy())
 
 
 @pytest.fixture(scope="session")
