@@ -217,10 +217,9 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
     else:
         trained = arch.lora_parameters(learner.lora.rank, learner.lora.target_modules)
         trained += sum(arch.vocab * arch.hidden for m in learner.lora.modules_to_save if m in ("embed_tokens", "lm_head"))
-    separate = learner.advantage.type == "ppo" and learner.advantage.value_model == "separate"
-    if learner.advantage.type == "ppo":
+    if learner.advantage_estimator == "ppo":
         # separate: a second backbone and head, trained whole; shared: a scalar head on the policy
-        trained_value = n + arch.hidden + 1 if separate else arch.hidden + 1
+        trained_value = n + arch.hidden + 1 if learner.value_model == "separate" else arch.hidden + 1
     else:
         trained_value = 0
 
@@ -236,22 +235,36 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
 
     parts = states(n, trained)
     if trained_value:
-        value = states(n if separate else 0, trained_value)
+        value = states(n if learner.value_model == "separate" else 0, trained_value)
         parts["value model"] = sum(value.values())
-    # DeepSpeed's buffers: ZeRO-1/2's reduce bucket (a torch.empty of the bucket's size: all of it held
-    # on a GPU, the pages gradients touch on a CPU); ZeRO-3's gathered layers, prefetch and reduce buckets.
+    parts.update(_zero_buffers(arch, stage, world, n, trained, b, on_gpu))
+    if learner.lora is None and (learner.kl_coef > 0 or (learner.kl_coef_final or 0) > 0):
+        parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
+    activations, note = _activations(learner, arch, b)
+    parts.update(activations)
+    parts["runtime"] = CUDA_CONTEXT_BYTES if on_gpu else LEARNER_PROCESS_BYTES
+    notes = [f"learner rank: {learner.dtype} ZeRO-{stage} over {world} ranks; {trained:,} of {n:,} parameters train"
+             f"{' (LoRA)' if learner.lora else ''}; {note}"]
+    return parts, notes
+
+
+def _zero_buffers(arch: Architecture, stage: int, world: int, n: int, trained: int, b: int, on_gpu: bool) -> dict[str, float]:
+    """DeepSpeed's buffers: ZeRO-1/2's reduce bucket (a torch.empty of the bucket's size: all of it
+    held on a GPU, the pages gradients touch on a CPU); ZeRO-3's gathered layers, prefetch and
+    reduce buckets, and the whole model a weight push gathers on every rank at once
+    (Learner._whole_parameters), counted as if beside the activations."""
     if stage in (1, 2):
         bucket = ZERO_REDUCE_BUCKET if on_gpu else min(ZERO_REDUCE_BUCKET, trained)
-        parts["ZeRO buffers"] = bucket * (4 if stage == 1 else b)
-    elif stage == 3:
-        gathered = 2 * arch.layer_parameters() + arch.vocab * arch.hidden
-        parts["ZeRO buffers"] = (gathered + min(ZERO3_PREFETCH_BUCKET, n) + 2 * min(ZERO_REDUCE_BUCKET, trained)) * b
+        return {"ZeRO buffers": bucket * (4 if stage == 1 else b)}
     if stage == 3:
-        # a weight push gathers the whole model on every rank at once (Learner._whole_parameters):
-        # counted as if beside the activations
-        parts["push gather"] = (n - n / world) * b
-    if learner.lora is None and learner.needs_reference:
-        parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
+        gathered = 2 * arch.layer_parameters() + arch.vocab * arch.hidden
+        return {"ZeRO buffers": (gathered + min(ZERO3_PREFETCH_BUCKET, n) + 2 * min(ZERO_REDUCE_BUCKET, trained)) * b,
+                "push gather": (n - n / world) * b}
+    return {}
+
+
+def _activations(learner, arch: Architecture, b: int) -> tuple[dict[str, float], str]:
+    """A micro-batch's activations and the head's logits, and the sentence that says how."""
     tokens = learner.max_tokens_per_micro_batch
     per_layer = arch.activation_bytes_per_token_per_layer(b)
     if learner.gradient_checkpointing:
@@ -260,16 +273,14 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
     else:
         kept, kept_note = arch.layers * per_layer, f"{arch.layers} layers x {per_layer:,} B"
     per_token = kept + arch.activation_bytes_per_token_outside_layers(b)
-    parts["activations"] = tokens * per_token
-    # the head on a chunk at a time: its logits, the fp32 log-softmax and its gradient
-    parts["logits"] = min(learner.logit_chunk_tokens, tokens) * arch.vocab * 4 * 3
-    parts["runtime"] = CUDA_CONTEXT_BYTES if on_gpu else LEARNER_PROCESS_BYTES
-    notes = [f"learner rank: {learner.dtype} ZeRO-{stage} over {world} ranks; {trained:,} of {n:,} parameters train"
-             f"{' (LoRA)' if learner.lora else ''}; activations {per_token / 1024:.1f} KiB per token "
-             f"({kept_note} + {arch.activation_bytes_per_token_outside_layers(b):,} B"
-             f"{'; learner.gradient_checkpointing' if learner.gradient_checkpointing else ''}) x learner.max_tokens_per_micro_batch={tokens}; "
-             f"logits: min(learner.logit_chunk_tokens={learner.logit_chunk_tokens}, {tokens}) x {arch.vocab:,} x 4 B x 3"]
-    return parts, notes
+    parts = {"activations": tokens * per_token,
+             # the head on a chunk at a time: its logits, the fp32 log-softmax and its gradient
+             "logits": min(learner.logit_chunk_tokens, tokens) * arch.vocab * 4 * 3}
+    note = (f"activations {per_token / 1024:.1f} KiB per token "
+            f"({kept_note} + {arch.activation_bytes_per_token_outside_layers(b):,} B"
+            f"{'; learner.gradient_checkpointing' if learner.gradient_checkpointing else ''}) x learner.max_tokens_per_micro_batch={tokens}; "
+            f"logits: min(learner.logit_chunk_tokens={learner.logit_chunk_tokens}, {tokens}) x {arch.vocab:,} x 4 B x 3")
+    return parts, note
 
 
 def _kv_space_bytes() -> float:
@@ -374,6 +385,17 @@ def plan(config, cluster: dict | None = None, cluster_name: str | None = None) -
         nodes, head = _nodes(cluster), cluster["head_node_type"]
         place = lambda resources, gpus: _place(nodes, head, resources, gpus)  # noqa: E731
         problems += placement_problems(cluster, config)
+    actors, more_notes, rollout_problems = _actors(config, arch, nodes, head, place, local)
+    notes += more_notes
+    problems += rollout_problems
+    problems += _memory_problems(actors, nodes, local and gpu_config)
+    where = "this machine" if cluster is None else (cluster_name or "the cluster file")
+    return Plan(actors, source, arch.parameters(), where, problems, notes)
+
+
+def _actors(config, arch: Architecture, nodes: dict[str, Node], head: str, place, local: bool) -> tuple[list[Actor], list[str], list[str]]:
+    """Each kind of actor, placed by `place(resources, gpus)`, and its memory; the learner's and
+    rollout workers' notes, and the rollout workers' problems."""
     reward = config.reward
     learner_parts, learner_notes = _learner(config, arch)
     learner_gpu = config.learner.device == "cuda"
@@ -405,11 +427,7 @@ def plan(config, cluster: dict | None = None, cluster_name: str | None = None) -
         actors.append(Actor("critic", 1, nodes[head], "cpu", {"weights": 4 * backbone, "gradients": 4 * backbone,
                                                              "optimizer": 8 * backbone, "runtime": LEARNER_PROCESS_BYTES},
                             "set critic.enabled false"))
-    notes += learner_notes + rollout_notes
-    problems += rollout_problems
-    problems += _memory_problems(actors, nodes, local and gpu_config)
-    where = "this machine" if cluster is None else (cluster_name or "the cluster file")
-    return Plan(actors, source, arch.parameters(), where, problems, notes)
+    return actors, learner_notes + rollout_notes, rollout_problems
 
 
 def _memory_problems(actors: list[Actor], nodes: dict[str, Node], unchecked_gpus: bool) -> list[str]:
@@ -455,19 +473,22 @@ def size(n: float) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
 
 
+def _row(a: Actor, components: list[str], problems: list[str]) -> list[str]:
+    """An actor's row of the table: the memory of each component, its total and the capacity it has."""
+    where = "?" if a.node is None else a.node.name
+    cap = a.capacity
+    unchecked = cap is None or (a.device == "gpu" and not cap)
+    fits = "?" if unchecked else ("no" if any(pr.startswith(a.name + ":") for pr in problems) else "yes")
+    gpu = f" {a.node.gpu_name}" if a.device == "gpu" and a.node and a.node.gpu_name else ""
+    return [a.name, str(a.count), where, f"{a.device}{gpu}", *[size(a.components[c]) if c in a.components else "-" for c in components],
+            size(a.total), "-" if unchecked else size(cap), fits]
+
+
 def table(p: Plan) -> str:
     """The plan as text: one row per actor, a column per component (bytes of each actor, on its device)."""
     components = list(dict.fromkeys(c for a in p.actors for c in a.components))
     header = ["actor", "count", "where", "memory", *components, "total", "capacity", "fits"]
-    rows = []
-    for a in p.actors:
-        where = "?" if a.node is None else a.node.name
-        cap = a.capacity
-        unchecked = cap is None or (a.device == "gpu" and not cap)
-        fits = "?" if unchecked else ("no" if any(pr.startswith(a.name + ":") for pr in p.problems) else "yes")
-        rows.append([a.name, str(a.count), where, f"{a.device}{' ' + a.node.gpu_name if a.device == 'gpu' and a.node and a.node.gpu_name else ''}",
-                     *[size(a.components[c]) if c in a.components else "-" for c in components],
-                     size(a.total), "-" if unchecked else size(cap), fits])
+    rows = [_row(a, components, p.problems) for a in p.actors]
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header] + rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
