@@ -217,9 +217,10 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
     else:
         trained = arch.lora_parameters(learner.lora.rank, learner.lora.target_modules)
         trained += sum(arch.vocab * arch.hidden for m in learner.lora.modules_to_save if m in ("embed_tokens", "lm_head"))
-    if learner.advantage_estimator == "ppo":
+    separate = learner.advantage.type == "ppo" and learner.advantage.value_model == "separate"
+    if learner.advantage.type == "ppo":
         # separate: a second backbone and head, trained whole; shared: a scalar head on the policy
-        trained_value = n + arch.hidden + 1 if learner.value_model == "separate" else arch.hidden + 1
+        trained_value = n + arch.hidden + 1 if separate else arch.hidden + 1
     else:
         trained_value = 0
 
@@ -235,10 +236,10 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
 
     parts = states(n, trained)
     if trained_value:
-        value = states(n if learner.value_model == "separate" else 0, trained_value)
+        value = states(n if separate else 0, trained_value)
         parts["value model"] = sum(value.values())
     parts.update(_zero_buffers(arch, stage, world, n, trained, b, on_gpu))
-    if learner.lora is None and (learner.kl_coef > 0 or (learner.kl_coef_final or 0) > 0):
+    if learner.lora is None and learner.needs_reference:
         parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
     activations, note = _activations(learner, arch, b)
     parts.update(activations)
