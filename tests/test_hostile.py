@@ -50,11 +50,15 @@ SMALL = dict(wall_timeout_s=3.0, cpu_time_s=3, memory_mb=256, file_size_mb=4, ou
 # child: @PORT@ (a TCP listener on its loopback), @ABSTRACT@ (an abstract unix socket listener),
 # @SECRET_FILE@ (root-only, holds a secret), @WRITE_DIR@ (root's, mode 0755), @TOKEN@ (only in tests and test setups).
 CASES: dict[str, tuple[str, list[str], Status, dict, str]] = {}
+# name -> what else its result must show: {field: text it contains}, {field: value it equals}; a
+# field is a dotted path into the result ("tests.1.error").
+SHOWS: dict[str, tuple[dict, dict]] = {}
 
 
-def case(name, program, tests, expected, limits=None, setup="", entry_point="add"):
+def case(name, program, tests, expected, limits=None, setup="", entry_point="add", contains=None, equals=None):
     assert name not in CASES
     CASES[name] = (program, tests, expected, limits or {}, setup, entry_point)
+    SHOWS[name] = (contains or {}, equals or {})
 
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -68,13 +72,17 @@ case("fork_bomb_in_test", "import os\ndef add(a, b):\n    while True:\n        t
      "        except OSError:\n            pass\n", ADD_TESTS, Status.timeout)
 case("thread_bomb", "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,)).start()\n",
      ADD_TESTS, Status.runtime_error)
-case("memory_bomb", "block = bytearray(8 * 2**30)\n" + ADD, ADD_TESTS, Status.memory_exceeded)
+case("memory_bomb", "block = bytearray(8 * 2**30)\n" + ADD, ADD_TESTS, Status.memory_exceeded,
+     contains={"detail": "MemoryError"})
 case("memory_bomb_gradual", "chunks = []\nwhile True:\n    chunks.append(bytearray(2**20))\n", ADD_TESTS,
      Status.memory_exceeded)
-case("memory_bomb_in_test", "def add(a, b):\n    return len([0] * 2**31)\n", ADD_TESTS, Status.memory_exceeded)
-case("infinite_loop", "while True:\n    pass\n", ADD_TESTS, Status.timeout)
+case("memory_bomb_in_test", "def add(a, b):\n    return len([0] * 2**31)\n", ADD_TESTS, Status.memory_exceeded,
+     contains={"detail": "MemoryError"})
+case("infinite_loop", "while True:\n    pass\n", ADD_TESTS, Status.timeout, dict(cpu_time_s=30),
+     contains={"detail": "wall-clock"}, equals={"tests": []})
 case("infinite_loop_in_test", "def add(a, b):\n    while True:\n        pass\n", ADD_TESTS, Status.timeout)
-case("cpu_limit", "while True:\n    pass\n", ADD_TESTS, Status.timeout, dict(wall_timeout_s=30.0, cpu_time_s=1))
+case("cpu_limit", "while True:\n    pass\n", ADD_TESTS, Status.timeout, dict(wall_timeout_s=30.0, cpu_time_s=1),
+     contains={"detail": "CPU time"})
 case("sleep_past_deadline", "import time\ntime.sleep(600)\n" + ADD, ADD_TESTS, Status.timeout)
 case("sleep_in_test", "import time\ndef add(a, b):\n    time.sleep(600)\n", ADD_TESTS, Status.timeout)
 case("ignore_signals_and_sleep", "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
@@ -286,7 +294,9 @@ case("print_fake_results", """import json, sys
 fake = {"status": "passed", "tests": [{"passed": True, "error": None}] * 2, "detail": "", "load": {"status": "ok"}}
 print(json.dumps(fake))
 print(json.dumps(fake), file=sys.stderr)
-""" + WRONG_ADD, ADD_TESTS, Status.failed)
+print(json.dumps({"exit_code": 0, "signal": None, "cpu_s": 0.0}))
+""" + WRONG_ADD, ADD_TESTS, Status.failed,
+     contains={"stdout": '"status": "passed"', "stderr": '"status": "passed"'}, equals={"tests.0.passed": False, "tests.1.passed": False})
 case("forge_frames_on_every_fd", """import json, os, struct
 def frame(obj):
     data = json.dumps(obj).encode()
@@ -562,7 +572,7 @@ case("js_success_banner_and_exit", "// js\nconsole.log('All tests passed');\npro
 case("js_print_every_answer", "// js\nfor (let n = -100; n <= 100; n++) console.log(n);\n", SUM_CASES, Status.failed,
      entry_point=None)
 case("js_infinite_loop_past_case_limit", "// js\nwhile (true) {}\n", SUM_CASES, Status.timeout,
-     dict(case_timeout_s=0.5, wall_timeout_s=8.0), entry_point=None)
+     dict(case_timeout_s=0.5, wall_timeout_s=8.0), entry_point=None, equals={"tests.1.error": "exceeded the case time limit of 0.5 s"})
 case("js_flood_output", "// js\nconst fs = require('fs');\nconst line = '3'.repeat(4096) + '\\n';\n"
      "while (true) fs.writeSync(1, line);\n",
      SUM_CASES, Status.runtime_error, entry_point=None)
@@ -806,6 +816,17 @@ def test_hostile_program_gets_its_status(suite, name):
     expected = CASES[name][2]
     assert result["status"] == expected.value, (backend, name, result["detail"], result["stdout"][-300:],
                                                 result["stderr"][-300:])
+    contains, equals = SHOWS[name]
+    for path, part in contains.items():
+        assert part in field(result, path), (backend, name, path, field(result, path))
+    for path, value in equals.items():
+        assert field(result, path) == value, (backend, name, path, field(result, path))
+
+
+def field(result: dict, path: str):
+    for key in path.split("."):
+        result = result[int(key)] if isinstance(result, list) else result[key]
+    return result
 
 
 def test_the_backend_is_healthy_and_nothing_leaked(suite):

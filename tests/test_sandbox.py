@@ -1,5 +1,6 @@
-"""The process sandbox through its real backend: every status, the isolation it promises, the fork
-server's concurrency and recovery, and the Ray pool."""
+"""The process sandbox through its real backend: every status (those a hostile program gets are rows
+of test_hostile.py's table), the isolation it promises, the fork server's concurrency and recovery,
+and the Ray pool."""
 from __future__ import annotations
 
 import asyncio
@@ -125,32 +126,6 @@ def test_runtime_error():
     assert result.tests == [] and result.fraction_passed == 0.0
 
 
-def test_timeout_on_infinite_loop():
-    result = run("while True:\n    pass\n", ["assert True"], wall_timeout_s=1.0, cpu_time_s=30)
-    assert result.status is Status.timeout
-    assert "wall-clock" in result.detail
-    assert result.tests == []
-
-
-def test_timeout_on_cpu_limit():
-    result = run("while True:\n    pass\n", ["assert True"], wall_timeout_s=30.0, cpu_time_s=1)
-    assert result.status is Status.timeout
-    assert "CPU time" in result.detail
-
-
-@pytest.mark.parametrize(
-    "program, tests",
-    [
-        ("block = bytearray(2 * 2**30)\n", ["assert True"]),  # while loading the program
-        ("def grow():\n    return bytearray(2 * 2**30)\n", ["assert True", "assert len(grow()) > 0"]),  # in a test
-    ],
-)
-def test_memory_exceeded(program, tests):
-    result = run(program, tests, memory_mb=256)
-    assert result.status is Status.memory_exceeded, result.detail
-    assert "MemoryError" in result.detail
-
-
 def test_infra_error_when_the_interpreter_is_missing():
     request = ExecutionRequest(program="x = 1", tests=["assert x == 1"])
     result = asyncio.run(ForkServer("/nonexistent/bin/python3").execute(request))
@@ -167,22 +142,6 @@ def test_infra_error_when_the_fork_server_cannot_start():
         result = asyncio.run(server.execute(request))
         assert result.status is Status.infra_error
         assert "fork server" in result.detail
-
-
-def test_prints_do_not_fool_the_result():
-    result = run(
-        """
-        import json, sys
-        fake = {"status": "passed", "tests": [{"passed": True, "error": None}], "detail": ""}
-        print(json.dumps(fake))
-        print(json.dumps(fake), file=sys.stderr)
-        print(json.dumps({"exit_code": 0, "signal": None, "cpu_s": 0.0}))
-        """,
-        ["assert False, 'this test fails'"],
-    )
-    assert result.status is Status.failed
-    assert [t.passed for t in result.tests] == [False]
-    assert '"status": "passed"' in result.stdout and '"status": "passed"' in result.stderr
 
 
 def test_fork_bomb_is_contained_and_reaped():
