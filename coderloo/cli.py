@@ -44,80 +44,56 @@ def cmd_eval(args) -> int:
 
 
 def _eval(args, config) -> int:
-    import ray
-
+    from coderloo.actors import started
     from coderloo.controller import resolve
     from coderloo.evaluation import evaluate
-    from coderloo.runtime import init_ray
-    from coderloo.tasksets.evalsets import eval_set, load_eval_set, published_after
-    from coderloo.tasksets.loading import load_tasks
     from common.hf import load_tokenizer
-    from reward_service.client import RewardClient
-    from rollout_workers import RolloutGroup, start_workers
-    from rollout_workers.strategies import SingleAttempt, make_strategy
 
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
-    after = args.after or config.eval.after
-    # (tasks, stop sequences) per set: the benchmark sets, or the config's evaluation set
-    suites = {}
-    if sets:
-        try:
-            [eval_set(name) for name in sets]
-        except ValueError as e:
-            raise ConfigError(f"--sets / eval.sets: {e}") from None
-        data_dir = resolve(args.data_dir or config.eval.data_dir)
-        for name in sets:
-            suites[name] = (load_eval_set(name, data_dir, config.tasks.max_eval_tasks, after), list(eval_set(name).stop))
-    else:  # the first tasks.max_eval_tasks of the set, then those published after `after`
-        suites[config.tasks.eval_set] = (published_after(load_tasks(config.tasks)[1], after, config.tasks.eval_set),
-                                         config.rollout.stop)
+    suites = _suites(config, sets, args.after or config.eval.after, args.data_dir)
     model = str(resolve(args.model or config.model.path))
-    adapter, adapter_rank = None, None
-    if args.adapter:
-        adapter = str(resolve(args.adapter))
-        adapter_rank = _adapter_rank(Path(adapter))
+    adapter = str(resolve(args.adapter)) if args.adapter else None
+    adapter_rank = _adapter_rank(Path(adapter)) if adapter else None
     # the libraries' and actors' logs (coderloo/console.py): next to the report, or in a new directory
     logs = Path(args.out).with_suffix(".logs") if args.out else Path(tempfile.mkdtemp(prefix="coderloo-eval-logs-"))
     results = {}
     with RunConsole(args.verbose) as console:
         console.log_to(logs)
-        starts_ray = not ray.is_initialized()
-        init_ray(address=config.ray_address)
-        console.attach_ray()
-        print(f"logs in {logs}", file=sys.stderr)
-        rewards_service = RewardClient(config.reward)
-        console.quiet_loggers()
-        workers = start_workers(model, config.rollout, config.learner.seed, lora_rank=adapter_rank)
-        if adapter:
-            ray.get([w.load_adapter.remote(adapter) for w in workers])
-        group, tokenizer = RolloutGroup(workers), load_tokenizer(model)
-        strategy = make_strategy(group, rewards_service, config.env, tokenizer, config.prompt)
-        single = SingleAttempt(group, rewards_service, tokenizer, config.prompt) if config.env.multi_turn else None
-        try:
+        with started(config, model, load_tokenizer(model), console, lora_rank=adapter_rank, adapter=adapter) as actors:
             for name, (tasks, stop) in suites.items():
-                started = time.monotonic()
-                metrics = evaluate(strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                                   stop, seed=config.train.seed, label=name, single=single)
-                results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - started, 1)}
-        finally:
-            console.ending()
-            for worker in workers:
-                ray.kill(worker)
-            rewards_service.close()
-            if starts_ray:
-                ray.shutdown()
+                start = time.monotonic()
+                metrics = evaluate(actors.strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
+                                   stop, seed=config.train.seed, label=name, single=actors.single)
+                results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - start, 1)}
+    report = {"model": model, **({"adapter": adapter} if adapter else {})}
     if sets:
-        report = {"model": model, **({"adapter": adapter} if adapter else {}), "samples_per_task": config.eval.samples_per_task,
-                  "temperature": config.eval.temperature, "sets": results}
+        report.update(samples_per_task=config.eval.samples_per_task, temperature=config.eval.temperature, sets=results)
     else:  # one set: its numbers at the top level
-        report = {"model": model, **({"adapter": adapter} if adapter else {}), "set": config.tasks.eval_set,
-                  **results[config.tasks.eval_set]}
+        report.update({"set": config.tasks.eval_set, **results[config.tasks.eval_set]})
     print(json.dumps(report, indent=2))
     print(results_table(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _suites(config, sets: list[str], after, data_dir: str | None) -> dict[str, tuple[list, list[str]]]:
+    """(tasks, stop sequences) per set: the benchmark `sets`, or without any the config's
+    evaluation set (its first tasks.max_eval_tasks, then those published after `after`)."""
+    from coderloo.controller import resolve
+    from coderloo.tasksets.evalsets import eval_set, load_eval_set, published_after
+    from coderloo.tasksets.loading import load_tasks
+
+    if not sets:
+        tasks = published_after(load_tasks(config.tasks)[1], after, config.tasks.eval_set)
+        return {config.tasks.eval_set: (tasks, config.rollout.stop)}
+    try:
+        [eval_set(name) for name in sets]
+    except ValueError as e:
+        raise ConfigError(f"--sets / eval.sets: {e}") from None
+    directory = resolve(data_dir or config.eval.data_dir)
+    return {name: (load_eval_set(name, directory, config.tasks.max_eval_tasks, after), list(eval_set(name).stop)) for name in sets}
 
 
 def _adapter_rank(directory: Path) -> int:
@@ -201,48 +177,26 @@ def cmd_config_schema(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     apply_env_defaults()
+    args = _parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, ClusterFileError, PlanError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError) as e:
+        print(f"coderloo: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coderloo", description="RLOO post-training of code LLMs on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, help_text in (
-        ("train", cmd_train, "SFT warm-up, then RLOO, with held-out evaluation"),
-        ("eval", cmd_eval, "pass@k of a model on the evaluation set"),
+    for name, fn, help_text, add_arguments in (
+        ("train", cmd_train, "SFT warm-up, then RLOO, with held-out evaluation", _train_arguments),
+        ("eval", cmd_eval, "pass@k of a model on the evaluation set", _eval_arguments),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", default=None, help="YAML config (default: the embedded defaults)")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. learner.lr=1e-5")
         p.set_defaults(fn=fn)
-        if name == "eval":
-            p.add_argument("--model", default=None, help="model directory (default: model.path)")
-            p.add_argument("--adapter", default=None,
-                           help="a LoRA adapter directory in PEFT's format (a checkpoint's adapter/), served on --model")
-            p.add_argument(
-                "--sets", default=None,
-                help="comma-separated benchmark sets: mbpp, mbpp-sanitized, humaneval, humaneval+, mbpp+, "
-                "humaneval+base, mbpp+base, apps, codecontests, taco, livecodebench (default: eval.sets, else tasks.eval_set)",
-            )
-            p.add_argument("--data-dir", default=None, help="directory of the benchmark files (default: eval.data_dir)")
-            p.add_argument("--after", default=None, type=datetime.date.fromisoformat, metavar="YYYY-MM-DD",
-                           help="only the tasks published after this day, e.g. a model's cut-off (default: eval.after)")
-            p.add_argument("--out", default=None, help="also write the JSON report to this file")
-            p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
-            p.add_argument("--verbose", action="store_true",
-                           help="also show Ray's, its actors' and the libraries' logs on the terminal (they always go "
-                           "to --out's name with .logs, or to a new directory the command names)")
-        if name == "train":
-            p.add_argument(
-                "--resume", action="store_true",
-                help="continue from the latest checkpoint in train.output_dir (same config: weights, "
-                "optimizer, data order and sampling continue exactly)",
-            )
-            p.add_argument(
-                "--overwrite", action="store_true",
-                help="replace the run in train.output_dir (without it, or --resume, a directory that holds a run is refused)",
-            )
-            p.add_argument(
-                "--verbose", action="store_true",
-                help="also show Ray's, its actors' (vLLM, DeepSpeed, Serve) and the libraries' logs on the terminal "
-                "(they always go to logs/ in the run directory)",
-            )
+        add_arguments(p)
     p = sub.add_parser("report", help="rebuild a run's report.html and training.png from its metrics.jsonl and samples.jsonl")
     p.add_argument("run_dir", help="the run directory (train.output_dir)")
     p.set_defaults(fn=cmd_report)
@@ -258,12 +212,43 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("config", help="about the config file's format")
     p.add_argument("what", choices=["schema"], help="schema: print the JSON Schema of a config file (for editors)")
     p.set_defaults(fn=cmd_config_schema)
-    args = parser.parse_args(argv)
-    try:
-        return args.fn(args)
-    except (ConfigError, ClusterFileError, PlanError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError) as e:
-        print(f"coderloo: {e}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model directory (default: model.path)")
+    p.add_argument("--adapter", default=None,
+                   help="a LoRA adapter directory in PEFT's format (a checkpoint's adapter/), served on --model")
+    p.add_argument(
+        "--sets", default=None,
+        help="comma-separated benchmark sets: mbpp, mbpp-sanitized, humaneval, humaneval+, mbpp+, "
+        "humaneval+base, mbpp+base, apps, codecontests, taco, livecodebench (default: eval.sets, else tasks.eval_set)",
+    )
+    p.add_argument("--data-dir", default=None, help="directory of the benchmark files (default: eval.data_dir)")
+    p.add_argument("--after", default=None, type=datetime.date.fromisoformat, metavar="YYYY-MM-DD",
+                   help="only the tasks published after this day, e.g. a model's cut-off (default: eval.after)")
+    p.add_argument("--out", default=None, help="also write the JSON report to this file")
+    p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show Ray's, its actors' and the libraries' logs on the terminal (they always go "
+                   "to --out's name with .logs, or to a new directory the command names)")
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--resume", action="store_true",
+        help="continue from the latest checkpoint in train.output_dir (same config: weights, "
+        "optimizer, data order and sampling continue exactly)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the run in train.output_dir (without it, or --resume, a directory that holds a run is refused)",
+    )
+    p.add_argument(
+        "--verbose", action="store_true",
+        help="also show Ray's, its actors' (vLLM, DeepSpeed, Serve) and the libraries' logs on the terminal "
+        "(they always go to logs/ in the run directory)",
+    )
 
 
 if __name__ == "__main__":

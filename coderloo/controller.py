@@ -16,10 +16,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-import ray
 import torch
 from tqdm import tqdm
 
+from coderloo.actors import Actors, started
 from coderloo.checkpoint import latest_checkpoint, prune_checkpoints, read_state, write_checkpoint
 from coderloo.config import Config, dump_config
 from coderloo.console import RunConsole
@@ -32,7 +32,7 @@ from coderloo.ops.cluster_files import check_local_resources
 from coderloo.ops.resources import ResourceSampler
 from coderloo.report import write_report
 from coderloo.rundir import claim
-from coderloo.runtime import REPO_ROOT, init_ray, metrics_endpoint
+from coderloo.runtime import REPO_ROOT
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from common.hf import load_tokenizer
@@ -42,14 +42,12 @@ from learner.algorithm import build_batch, to_sequences
 from learner.critic import OUTCOMES, OnlineCritic
 from learner.group import LearnerGroup
 from learner.replay import GroupReplay
-from reward_service.client import RewardClient
 from reward_service.schemas import ItemReward
-from rollout_workers import GenerationParams, RolloutGroup, Rollouts, WeightSyncError, start_workers
+from rollout_workers import GenerationParams, RolloutGroup, Rollouts, WeightSyncError
 from rollout_workers.config import PromptConfig
 from rollout_workers.demonstrations import demonstrations
 from rollout_workers.environments import make_environment
 from rollout_workers.prompts import chat_answer, render, uses_chat_template
-from rollout_workers.strategies import SingleAttempt, make_strategy
 
 
 def resolve(path: str) -> Path:
@@ -225,208 +223,249 @@ def train(config: Config, resume: bool = False, overwrite: bool = False, verbose
         check_local_resources(config)
         lock = claim(out, resume, overwrite)
         console.log_to(out / "logs")
-        starts_ray = not ray.is_initialized()
         try:
             return run(config, resume, out, tasks, model_path, console)
         finally:
-            if starts_ray:  # whoever starts Ray stops it; inside the console, so its last notices go to the log
-                ray.shutdown()
             lock.release()
 
 
 def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, console: RunConsole) -> dict:
-    ckpt_root = out / "checkpoints"
-    checkpoint = latest_checkpoint(ckpt_root) if resume else None
-    if resume and checkpoint is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {ckpt_root} (nothing to resume)")
-    state = read_state(checkpoint) if checkpoint else None
+    """The run's stages, one call each: set-up, the SFT phase (or the resume from the last
+    checkpoint), the RL steps, then the final evaluation and checkpoint."""
+    checkpoint, state = resume_point(out / "checkpoints") if resume else (None, None)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / "config.yaml")
     metrics = RunLog(config, out, resume_from=state["step"] if state else None)
-    samples_log = MetricsLog(out / "samples.jsonl", resume_from=state["step"] if state else None)
-    rng = random.Random(config.train.seed)
-
-    # --- set-up: tasks, model, Ray actors ---
-    train_tasks, eval_tasks = tasks
-    tokenizer = load_tokenizer(model_path)
-    init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port)
-    console.attach_ray()
-    monitor = RunMetrics(out.name)
-    tqdm.write(f"run {out.name}: Ray metrics (Prometheus) at {metrics_endpoint()}; logs in {out / 'logs'}")
-    rewards_service = RewardClient(config.reward)
-    console.quiet_loggers()  # Serve's, set up as it started
-    learner = LearnerGroup(str(model_path), config.learner, sft_lr=config.sft.lr, name=out.name)
-    workers = start_workers(str(model_path), config.rollout, config.learner.seed, run=out.name,
-                            lora_rank=config.learner.pushed_adapter_rank)
-    rollouts_group = RolloutGroup(workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s)
-    strategy = make_strategy(rollouts_group, rewards_service, config.env, tokenizer, config.prompt)
-    single = SingleAttempt(rollouts_group, rewards_service, tokenizer, config.prompt) if config.env.multi_turn else None
-    critic = OnlineCritic(str(model_path), config.critic, config.train.seed, name=f"coderloo-critic-{out.name}") if config.critic.enabled else None
     try:
-        rollouts_group.connect(learner.weight_sources)
-        resources = ResourceSampler(out) if config.train.resources_every else None  # the soak's series (coderloo/ops/soak.py)
-        rollout, learn = config.rollout, config.learner
-        k = rollout.samples_per_prompt
+        samples_log = MetricsLog(out / "samples.jsonl", resume_from=state["step"] if state else None)
+        rng = random.Random(config.train.seed)
+        tokenizer = load_tokenizer(model_path)
+        with started(config, str(model_path), tokenizer, console, run=out.name, lora_rank=config.learner.pushed_adapter_rank) as actors:
+            trainer = Trainer(config, out, actors, tokenizer, tasks, metrics, samples_log, rng)
+            if state is None:
+                trainer.evals["base"] = trainer.evaluate("base", 0)
+                trainer.sft()
+                trainer.evals["after_sft"] = trainer.evaluate("rl", 0)
+            else:
+                trainer.resume(checkpoint, state)
+            trainer.rl()
+            return trainer.finish()
+    finally:
+        metrics.close()
 
-        def run_eval(stage: str, step: int) -> dict[str, float]:
-            result = evaluate(strategy, eval_tasks, config.eval, rollout.max_new_tokens, rollout.stop,
-                              seed=generation_seed(config, step, 1), critic=critic, label=f"eval {stage} step {step}", single=single)
-            metrics.write("eval", step, stage=stage, version=rollouts_group.version, **result)
-            monitor.eval_done(result)
-            tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if not isinstance(v, dict)))
-            return result
 
-        draw = TaskDraw(train_tasks, config.train.prompts_per_step, config.curriculum, rng)
-        skips = SkippedSteps(config.train.max_skipped_steps, ckpt_root)
-        if state is None:
-            base = run_eval("base", 0)
-            # --- SFT warm-up on reference solutions ---
-            examples = sft_examples(train_tasks, tokenizer, config.prompt)
-            demos = []
-            if config.sft.steps and config.sft.demonstrations:
-                with working(f"building {config.env.name} demonstrations"):
-                    demos = demonstrations(train_tasks, make_environment(config.env, rewards_service), config.env, tokenizer, config.prompt)
-                tqdm.write(f"{len(demos)} multi-turn SFT examples ({config.env.name}) from {len(train_tasks)} training tasks")
-            for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
-                stats = learner.sft_step(sft_batch(examples, demos, config.sft.batch_size, config.sft.demonstrations, rng))
-                metrics.write("sft", step + 1, **stats)
-                skips.applied("sft", step + 1, stats, 1)
-                skips.check("sft")
-            if config.sft.steps:
-                rollouts_group.push()
-            if learn.lora is not None and learn.lora.start == "rl":
-                learner.start_lora()  # the adapter starts on the SFT'd policy, which the engines now hold
-                rollouts_group.replan()
-            after_sft = run_eval("rl", 0)
-            first_step = 1
-        else:
-            # --- resume: weights, optimizer, data cursor, curriculum and generator from the checkpoint ---
-            if learn.lora is not None:
-                learner.start_lora()  # the checkpoint's state is of the adapted policy
-            learner.load_state(str(checkpoint))
-            if critic is not None:
-                critic.load(checkpoint)
-            rollouts_group.version = state["version"] - 1
-            rollouts_group.replan()
-            rollouts_group.push(catch_up=True)  # with LoRA on an SFT'd base: that base, then the adapter
-            draw.load_state(state)
-            base, after_sft = state["evals"]["base"], state["evals"]["after_sft"]
-            first_step = state["step"] + 1
-            tqdm.write(f"resumed from {checkpoint} at RL step {state['step']}, policy version {state['version']}")
+def resume_point(checkpoints: Path) -> tuple[Path, dict]:
+    """The latest checkpoint under `checkpoints` and the controller's state in it."""
+    checkpoint = latest_checkpoint(checkpoints)
+    if checkpoint is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints} (nothing to resume)")
+    return checkpoint, read_state(checkpoint)
 
-        jobs: deque[Job] = deque()
 
-        def save_checkpoint(step: int, name: str) -> None:
-            controller_state = {"step": step, "version": rollouts_group.version, "evals": {"base": base, "after_sft": after_sft},
-                                **draw.state([j.tasks for j in jobs])}
+class Trainer:
+    """One run's stages on its started actors: evaluation, the SFT phase, the resume, the RL steps
+    (each one call per stage: rollouts, batch, learner step and push, metrics) and the finish."""
 
-            def write_model(directory: Path) -> None:
-                learner.save(str(directory), with_state=True)
-                if critic is not None:
-                    critic.save(directory)
+    def __init__(self, config: Config, out: Path, actors: Actors, tokenizer, tasks, metrics: RunLog, samples_log: MetricsLog,
+                 rng: random.Random):
+        self.config, self.out, self.actors, self.tokenizer = config, out, actors, tokenizer
+        self.train_tasks, self.eval_tasks = tasks
+        self.metrics, self.samples_log, self.rng = metrics, samples_log, rng
+        self.checkpoints = out / "checkpoints"
+        self.monitor = RunMetrics(out.name)
+        self.resources = ResourceSampler(out) if config.train.resources_every else None  # the soak's series (coderloo/ops/soak.py)
+        self.draw = TaskDraw(self.train_tasks, config.train.prompts_per_step, config.curriculum, rng)
+        self.skips = SkippedSteps(config.train.max_skipped_steps, self.checkpoints)
+        self.evals: dict[str, dict] = {}
+        self.jobs: deque[Job] = deque()
+        self.replay: GroupReplay | None = None
+        self.first_step = self.next_launch = 1
+        self.run_start = time.time()
 
-            write_checkpoint(ckpt_root, name, write_model, controller_state)
-            prune_checkpoints(ckpt_root, config.train.keep_checkpoints)
+    def evaluate(self, stage: str, step: int) -> dict[str, float]:
+        """The held-out evaluation, into metrics.jsonl and the run's metrics."""
+        config, actors = self.config, self.actors
+        result = evaluate(actors.strategy, self.eval_tasks, config.eval, config.rollout.max_new_tokens, config.rollout.stop,
+                          seed=generation_seed(config, step, 1), critic=actors.critic, label=f"eval {stage} step {step}", single=actors.single)
+        self.metrics.write("eval", step, stage=stage, version=actors.group.version, **result)
+        self.monitor.eval_done(result)
+        tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if not isinstance(v, dict)))
+        return result
 
-        def sampling(step: int) -> GenerationParams:
-            return GenerationParams(n=k, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature_at(step),
-                                    top_p=rollout.top_p, stop=rollout.stop)
+    def sft(self) -> None:
+        """The SFT warm-up on reference solutions (and multi-turn demonstrations), its weights
+        pushed; with LoRA from the RL phase on, the adapter starts on the SFT'd policy."""
+        config, learner, group = self.config, self.actors.learner, self.actors.group
+        examples = sft_examples(self.train_tasks, self.tokenizer, config.prompt)
+        demos = []
+        if config.sft.steps and config.sft.demonstrations:
+            with working(f"building {config.env.name} demonstrations"):
+                environment = make_environment(config.env, self.actors.rewards)
+                demos = demonstrations(self.train_tasks, environment, config.env, self.tokenizer, config.prompt)
+            tqdm.write(f"{len(demos)} multi-turn SFT examples ({config.env.name}) from {len(self.train_tasks)} training tasks")
+        for step in tqdm(range(config.sft.steps), desc="sft", dynamic_ncols=True):
+            stats = learner.sft_step(sft_batch(examples, demos, config.sft.batch_size, config.sft.demonstrations, self.rng))
+            self.metrics.write("sft", step + 1, **stats)
+            self.skips.applied("sft", step + 1, stats, 1)
+            self.skips.check("sft")
+        if config.sft.steps:
+            group.push()
+        if config.learner.lora is not None and config.learner.lora.start == "rl":
+            learner.start_lora()  # the adapter starts on the SFT'd policy, which the engines now hold
+            group.replan()
 
-        def more_rollouts(step: int, n: int, round_index: int) -> Rollouts:
-            """A refill round of step `step`: n more tasks (none when the draw has none left)."""
-            tasks = draw.draw(n)
-            return strategy.run(tasks, sampling(step), generation_seed(config, step, 1 + round_index)) if tasks else Rollouts([])
+    def resume(self, checkpoint: Path, state: dict) -> None:
+        """Weights, optimizer, data cursor, curriculum and generator from the checkpoint."""
+        learner, group = self.actors.learner, self.actors.group
+        if self.config.learner.lora is not None:
+            learner.start_lora()  # the checkpoint's state is of the adapted policy
+        learner.load_state(str(checkpoint))
+        if self.actors.critic is not None:
+            self.actors.critic.load(checkpoint)
+        group.version = state["version"] - 1
+        group.replan()
+        group.push(catch_up=True)  # with LoRA on an SFT'd base: that base, then the adapter
+        self.draw.load_state(state)
+        self.evals = {"base": state["evals"]["base"], "after_sft": state["evals"]["after_sft"]}
+        self.first_step = state["step"] + 1
+        tqdm.write(f"resumed from {checkpoint} at RL step {state['step']}, policy version {state['version']}")
 
-        replay = GroupReplay(config.train.replay_groups, config.train.replay_capacity) if config.train.replay_groups else None
-        critic_coef = config.critic.reward_coef if critic is not None else 0.0
-
-        # --- RL: up to 1 + max_staleness steps' rollouts in flight while the learner trains ---
-        next_launch = first_step
-        run_start = time.time()
-        bar = tqdm(range(first_step, config.train.steps + 1), desc="rl", dynamic_ncols=True, initial=first_step - 1, total=config.train.steps)
+    def rl(self) -> None:
+        """The RL steps, with up to 1 + max_staleness steps' rollouts in flight while the learner
+        trains; held-out evaluations and checkpoints between them."""
+        train = self.config.train
+        self.replay = GroupReplay(train.replay_groups, train.replay_capacity) if train.replay_groups else None
+        self.next_launch, self.run_start = self.first_step, time.time()
+        bar = tqdm(range(self.first_step, train.steps + 1), desc="rl", dynamic_ncols=True, initial=self.first_step - 1, total=train.steps)
         for step in bar:
-            t0 = time.time()
-            # 1. k trajectories per task (each turn tagged with the policy version that made it),
-            #    scored by the reward service as they are made, in the background
-            while next_launch <= config.train.steps and len(jobs) <= config.train.max_staleness:
-                tasks = draw.draw()
-                jobs.append(Job(next_launch, tasks, in_background(strategy.run, tasks, sampling(next_launch), generation_seed(config, next_launch, 0))))
-                next_launch += 1
-            rollouts = jobs.popleft().rollouts.result()
-            temperature, refill_metrics = rollout.temperature_at(step), {}
-            if config.train.max_refill_rounds:  # more prompts while too few groups are informative
-                rollouts, refill_metrics = refill(rollouts, config.train.prompts_per_step, config.train.max_refill_rounds,
-                                                  lambda n, round_index, step=step: more_rollouts(step, n, round_index))
-            t_ready = time.time()
-            for group in rollouts.groups:
-                draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
-
-            # 2. the batch: advantages within each task's group of k, per token, kept groups
-            samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
-            kl_in_reward = learn.kl is not None and learn.kl.into == "reward" and learn.kl_coef_at(step) > 0
-            ppo = learn.advantage.type == "ppo"
-            if kl_in_reward or ppo:  # per token, from the learner as it is before this step
-                samples.turn_kl, samples.turn_values = learner.token_stats(samples.flat(), temperature, kl=kl_in_reward, values=ppo)
-            critic_step = observe(critic, rollouts) if critic is not None else None  # it learns while the policy does
-            if critic_coef > 0:
-                samples.critic_p_passed = torch.tensor(critic_step.p_passed()).view(len(rollouts.groups), k)
-            batch = build_batch(samples, learn, step, critic_coef, max_new_tokens=rollout.max_new_tokens, turn_cost=config.env.turn_cost)
-            sequences = batch.sequences + (replay.reuse(batch.groups) if replay is not None else [])
-            rollout_summary = rollouts.summary(rollouts_group.version)
-
-            # 3. one learner step (the next step's rollouts are being made meanwhile),
-            # 4. new weights to the rollout workers
-            stats, sync = {}, {"sync_s": 0.0}
-            if len(sequences) >= learn.optimizer_steps * learn.num_ranks:  # else every group was uniform
-                stats = learner.train_step(sequences, learn.loss, temperature, learn.loss_kl_coef(step), rollout.max_new_tokens)
-            t_learn = time.time()
-            if stats and skips.applied("rl", step, stats, learn.optimizer_steps):
-                sync = push_weights(rollouts_group, learner)
-
-            # 5. metrics, evaluation, checkpoint
-            record = step_record(step, t0, t_ready, t_learn, run_start, first_step, rollouts_group.version, rollout_summary,
-                                 rollouts.metrics, batch.metrics, stats, sync, rewards_service.retries,
-                                 critic_step.metrics() if critic_step else {}, kl_coef=learn.kl_coef_at(step),
-                                 temperature=temperature, curriculum_level=draw.curriculum.level,
-                                 rollout_workers_stuck=rollouts_group.stuck, **refill_metrics)
-            metrics.write("rl", step, **record)
-            skips.check("rl")
-            if resources is not None and step % config.train.resources_every == 0:
-                metrics.write("resources", step, **resources.sample())
-            monitor.step_done(step, record)
-            shown = rng.randrange(len(rollouts.groups))  # one group per step, to read what the policy writes
-            group = rollouts.groups[shown]
-            turns = {"turns": [[turn.text for turn in t.turns] for t in group]} if config.env.multi_turn else {}
-            samples_log.write("rl", step, task=group[0].task.id, completions=[t.turns[-1].text for t in group],
-                              rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in group], **turns)
+            record = self.step(step)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate']:.2f}", samples_s=f"{record['samples_per_s']:.0f}")
-            if config.train.eval_every and step % config.train.eval_every == 0 and step != config.train.steps:
-                run_eval("rl", step)
-            if config.train.checkpoint_every and step % config.train.checkpoint_every == 0 and step != config.train.steps:
-                save_checkpoint(step, f"step_{step}")
+            if train.eval_every and step % train.eval_every == 0 and step != train.steps:
+                self.evaluate("rl", step)
+            if train.checkpoint_every and step % train.checkpoint_every == 0 and step != train.steps:
+                self.save_checkpoint(step)
 
-        final = run_eval("rl", config.train.steps)
-        save_checkpoint(config.train.steps, f"step_{config.train.steps}")
-        final_link = ckpt_root / "final"
+    def step(self, step: int) -> dict:
+        """One RL step; its line of metrics.jsonl."""
+        t0 = time.time()
+        rollouts, refill_metrics = self.rollouts(step)
+        t_ready = time.time()
+        for group in rollouts.groups:
+            self.draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
+        batch, sequences, critic_step = self.batch(step, rollouts)
+        rollout_summary = rollouts.summary(self.actors.group.version)
+        stats, t_learn, sync = self.learn(step, sequences)
+        learn = self.config.learner
+        record = step_record(step, t0, t_ready, t_learn, self.run_start, self.first_step, self.actors.group.version, rollout_summary,
+                             rollouts.metrics, batch.metrics, stats, sync, self.actors.rewards.retries,
+                             critic_step.metrics() if critic_step else {}, kl_coef=learn.kl_coef_at(step),
+                             temperature=self.config.rollout.temperature_at(step), curriculum_level=self.draw.curriculum.level,
+                             rollout_workers_stuck=self.actors.group.stuck, **refill_metrics)
+        self.log_step(step, record, rollouts, batch)
+        return record
+
+    def rollouts(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """Step `step`'s k trajectories per task (each turn tagged with the policy version that
+        made it), scored by the reward service as they are made, in the background; the steps
+        up to max_staleness ahead are launched first. With dynamic sampling, more prompts while
+        too few groups are informative."""
+        config, train = self.config, self.config.train
+        while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
+            tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
+            self.jobs.append(Job(self.next_launch, tasks, in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed)))
+            self.next_launch += 1
+        rollouts = self.jobs.popleft().rollouts.result()
+        if not train.max_refill_rounds:
+            return rollouts, {}
+        return refill(rollouts, train.prompts_per_step, train.max_refill_rounds,
+                      lambda n, round_index: self.more_rollouts(step, n, round_index))
+
+    def sampling(self, step: int) -> GenerationParams:
+        rollout = self.config.rollout
+        return GenerationParams(n=rollout.samples_per_prompt, max_new_tokens=rollout.max_new_tokens,
+                                temperature=rollout.temperature_at(step), top_p=rollout.top_p, stop=rollout.stop)
+
+    def more_rollouts(self, step: int, n: int, round_index: int) -> Rollouts:
+        """A refill round of step `step`: n more tasks (none when the draw has none left)."""
+        tasks = self.draw.draw(n)
+        return self.actors.strategy.run(tasks, self.sampling(step), generation_seed(self.config, step, 1 + round_index)) if tasks else Rollouts([])
+
+    def batch(self, step: int, rollouts: Rollouts):
+        """The batch: advantages within each task's group of k, per token, kept groups; and the
+        sequences to learn from (with replayed groups), and the critic's step on the rollouts."""
+        config, learn, actors = self.config, self.config.learner, self.actors
+        samples = to_sequences(rollouts.groups, token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
+        kl_in_reward = learn.kl is not None and learn.kl.into == "reward" and learn.kl_coef_at(step) > 0
+        ppo = learn.advantage.type == "ppo"
+        if kl_in_reward or ppo:  # per token, from the learner as it is before this step
+            samples.turn_kl, samples.turn_values = actors.learner.token_stats(samples.flat(), config.rollout.temperature_at(step),
+                                                                              kl=kl_in_reward, values=ppo)
+        critic_step = observe(actors.critic, rollouts) if actors.critic is not None else None  # it learns while the policy does
+        critic_coef = config.critic.reward_coef if actors.critic is not None else 0.0
+        if critic_coef > 0:
+            samples.critic_p_passed = torch.tensor(critic_step.p_passed()).view(len(rollouts.groups), config.rollout.samples_per_prompt)
+        batch = build_batch(samples, learn, step, critic_coef, max_new_tokens=config.rollout.max_new_tokens, turn_cost=config.env.turn_cost)
+        sequences = batch.sequences + (self.replay.reuse(batch.groups) if self.replay is not None else [])
+        return batch, sequences, critic_step
+
+    def learn(self, step: int, sequences: list) -> tuple[dict, float, dict]:
+        """One learner step (the next steps' rollouts are being made meanwhile), then the new
+        weights to the rollout workers; no step when every group was uniform."""
+        learn, rollout = self.config.learner, self.config.rollout
+        stats, sync = {}, {"sync_s": 0.0}
+        if len(sequences) >= learn.optimizer_steps * learn.num_ranks:
+            stats = self.actors.learner.train_step(sequences, learn.loss, rollout.temperature_at(step), learn.loss_kl_coef(step),
+                                                       rollout.max_new_tokens)
+        t_learn = time.time()
+        if stats and self.skips.applied("rl", step, stats, learn.optimizer_steps):
+            sync = push_weights(self.actors.group, self.actors.learner)
+        return stats, t_learn, sync
+
+    def log_step(self, step: int, record: dict, rollouts: Rollouts, batch) -> None:
+        """The step's metrics, its resources now and then, and one group's samples to read what
+        the policy writes; too many skipped steps in a row stop the run here."""
+        train = self.config.train
+        self.metrics.write("rl", step, **record)
+        self.skips.check("rl")
+        if self.resources is not None and step % train.resources_every == 0:
+            self.metrics.write("resources", step, **self.resources.sample())
+        self.monitor.step_done(step, record)
+        shown = self.rng.randrange(len(rollouts.groups))
+        group = rollouts.groups[shown]
+        turns = {"turns": [[turn.text for turn in t.turns] for t in group]} if self.config.env.multi_turn else {}
+        self.samples_log.write("rl", step, task=group[0].task.id, completions=[t.turns[-1].text for t in group],
+                               rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in group], **turns)
+
+    def save_checkpoint(self, step: int) -> None:
+        """The learner's (and critic's) weights and optimizer, and the controller's state, as step_<step>."""
+        state = {"step": step, "version": self.actors.group.version, "evals": dict(self.evals),
+                 **self.draw.state([j.tasks for j in self.jobs])}
+
+        def write_model(directory: Path) -> None:
+            self.actors.learner.save(str(directory), with_state=True)
+            if self.actors.critic is not None:
+                self.actors.critic.save(directory)
+
+        write_checkpoint(self.checkpoints, f"step_{step}", write_model, state)
+        prune_checkpoints(self.checkpoints, self.config.train.keep_checkpoints)
+
+    def finish(self) -> dict:
+        """The final evaluation and checkpoint (checkpoints/final), the plots, summary.json and the report."""
+        steps = self.config.train.steps
+        final = self.evaluate("rl", steps)
+        self.save_checkpoint(steps)
+        final_link = self.checkpoints / "final"
         if final_link.is_symlink():
             final_link.unlink()
         elif final_link.exists():
             shutil.rmtree(final_link)
-        final_link.symlink_to(f"step_{config.train.steps}")
-        plot_training(out / "metrics.jsonl", out / "training.png")
-        summary = {"base": base, "after_sft": after_sft, "final": final, "policy_version": rollouts_group.version, "output_dir": str(out)}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        write_report(out)  # last: it shows summary.json too
-    finally:
-        console.ending()
-        learner.kill()
-        if critic is not None:
-            critic.kill()
-        for actor in workers:
-            ray.kill(actor)
-        rewards_service.close()
-        metrics.close()
-    return summary
+        final_link.symlink_to(f"step_{steps}")
+        plot_training(self.out / "metrics.jsonl", self.out / "training.png")
+        summary = {"base": self.evals["base"], "after_sft": self.evals["after_sft"], "final": final,
+                   "policy_version": self.actors.group.version, "output_dir": str(self.out)}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_report(self.out)  # last: it shows summary.json too
+        return summary
 
 
 def step_record(step, t0, t_ready, t_learn, run_start, first_step, version, summary, rollout_metrics, batch_metrics,

@@ -1,0 +1,85 @@
+"""The actors of a training run or an evaluation, started and stopped in one place (`started`)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import ray
+from tqdm import tqdm
+
+from coderloo.config import Config
+from coderloo.console import RunConsole
+from coderloo.runtime import init_ray, metrics_endpoint
+from learner.critic import OnlineCritic
+from learner.group import LearnerGroup
+from reward_service.client import RewardClient
+from rollout_workers import RolloutGroup, start_workers
+from rollout_workers.strategies import RolloutStrategy, SingleAttempt, make_strategy
+
+
+@dataclass
+class Actors:
+    """What `started` started: the reward service's client, the learner (a training run's), the
+    rollout workers, their group and the strategy that drives them (with multi-turn episodes, also
+    a single-attempt strategy on the same policy), and the critic (a training run's, when enabled)."""
+
+    rewards: RewardClient | None = None
+    learner: LearnerGroup | None = None
+    workers: list = field(default_factory=list)
+    group: RolloutGroup | None = None
+    strategy: RolloutStrategy | None = None
+    single: RolloutStrategy | None = None
+    critic: OnlineCritic | None = None
+
+    def stop(self) -> None:
+        """Stop whatever was started (all of it, or what started before a failure)."""
+        if self.learner is not None:
+            self.learner.kill()
+        if self.critic is not None:
+            self.critic.kill()
+        for actor in self.workers:
+            ray.kill(actor)
+        if self.rewards is not None:
+            self.rewards.close()
+
+
+@contextmanager
+def started(config: Config, model: str, tokenizer, console: RunConsole, run: str | None = None,
+            lora_rank: int | None = None, adapter: str | None = None) -> Iterator[Actors]:
+    """Ray (joined, or started here and stopped at the end), the reward service, for a training run
+    named `run` its learner, the rollout workers (reserving room for LoRA adapters of `lora_rank`;
+    serving the PEFT adapter in directory `adapter` when given), their group and strategies, and
+    for a training run the critic, connected to the learner's weights. On the way out, what
+    started stops in that order, also after an error part-way, then Ray if it started here; the
+    console shows no more of the actors' dying lines."""
+    actors, starts_ray = Actors(), not ray.is_initialized()
+    try:
+        init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port if run else None)
+        console.attach_ray()
+        if run:
+            tqdm.write(f"run {run}: Ray metrics (Prometheus) at {metrics_endpoint()}; logs in {console.directory}")
+        else:
+            print(f"logs in {console.directory}", file=sys.stderr)
+        actors.rewards = RewardClient(config.reward)
+        console.quiet_loggers()  # Serve's, set up as it started
+        if run:
+            actors.learner = LearnerGroup(model, config.learner, sft_lr=config.sft.lr, name=run)
+        actors.workers = start_workers(model, config.rollout, config.learner.seed, run=run, lora_rank=lora_rank)
+        if adapter:
+            ray.get([w.load_adapter.remote(adapter) for w in actors.workers])
+        actors.group = RolloutGroup(actors.workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s)
+        actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt)
+        if config.env.multi_turn:
+            actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)
+        if run and config.critic.enabled:
+            actors.critic = OnlineCritic(model, config.critic, config.train.seed, name=f"coderloo-critic-{run}")
+        if actors.learner is not None:
+            actors.group.connect(actors.learner.weight_sources)
+        yield actors
+    finally:
+        console.ending()
+        actors.stop()
+        if starts_ray:  # whoever starts Ray stops it; inside the console, so its last notices go to the log
+            ray.shutdown()
