@@ -415,7 +415,7 @@ class Trainer:
         stats, sync = {}, {"sync_s": 0.0}
         if len(sequences) >= learn.optimizer_steps * learn.num_ranks:
             stats = self.actors.learner.train_step(sequences, learn.loss, rollout.temperature_at(step), learn.loss_kl_coef(step),
-                                                       rollout.max_new_tokens)
+                                                   rollout.max_new_tokens)
         t_learn = time.time()
         if stats and self.skips.applied("rl", step, stats, learn.optimizer_steps):
             sync = push_weights(self.actors.group, self.actors.learner)
