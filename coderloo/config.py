@@ -158,7 +158,7 @@ class TrainConfig(Section):
         description="Dynamic sampling that refills (DAPO): while fewer than prompts_per_step of a step's groups "
         "are informative (their k outcome rewards not all equal), up to this many further generation rounds "
         "of new prompts (as many as the informative rate so far says are needed), then the first "
-        "prompts_per_step informative groups train. Needs learner.filter_uninformative. 0: off (a step "
+        "prompts_per_step informative groups train. Needs learner.advantage.filter_uninformative. 0: off (a step "
         "trains on what its one round gave).",
     )
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
