@@ -22,7 +22,7 @@ from coderloo.controller import train
 from coderloo.metrics import read_metrics
 from common.memory import PREFIX, _own_cgroup, oom_kills
 from learner.group import LearnerError
-from tests.test_fault_tolerance import SMALL, named, rl_steps, wait_for_record, wait_for_step
+from tests.runs import SMALL, named, rl_steps, wait_for_record, wait_for_step
 
 LIMIT_MB = 3000  # well above what a tiny model's worker or learner rank holds; the test allocates past it
 

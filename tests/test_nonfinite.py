@@ -15,7 +15,7 @@ from coderloo.config import load_config
 from coderloo.controller import NonFiniteError, train
 from learner.config import LearnerConfig
 from learner.group import LearnerGroup
-from tests.test_fault_tolerance import SMALL, rl_steps
+from tests.runs import SMALL, rl_steps
 from tests.test_learner_actor import batch, loss, saved_weights
 
 

@@ -22,7 +22,7 @@ from coderloo.checkpoint import CheckpointError, latest_checkpoint, prune_checkp
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
-from tests.test_fault_tolerance import named, rl_steps
+from tests.runs import named, rl_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 

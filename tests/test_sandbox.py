@@ -10,7 +10,6 @@ import signal
 import socket
 import textwrap
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest

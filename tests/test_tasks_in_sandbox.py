@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from coderloo.tasksets.synthetic import synthetic_suite
 from sandbox_pool import ForkServer, Limits, Status

@@ -12,7 +12,7 @@ from common import weight_sync
 from common.hf import load_causal_lm
 from common.weight_sync import SEGMENT_PREFIX, SHM_DIR, WeightSource, bit_sum
 from learner.actor import named_weights
-from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker, WeightSyncError, WeightSyncTimeout
+from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker, WeightSyncError
 from rollout_workers.config import WeightSyncConfig
 from rollout_workers.vllm_backend import VLLMBackend
 
