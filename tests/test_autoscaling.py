@@ -27,6 +27,7 @@ def fake_cluster():
     cluster.stop()
 
 
+@pytest.mark.slow  # a Ray cluster of its own, started by `ray start` in a subprocess
 def test_sandbox_nodes_follow_the_queue(fake_cluster, tmp_path):
     out = tmp_path / "report.json"  # not stdout: Ray prints the autoscaler's events there
     done = subprocess.run(
