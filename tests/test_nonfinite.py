@@ -37,16 +37,16 @@ def test_learner_drops_a_step_whose_loss_or_gradient_is_not_finite(ray_cluster, 
         _, sequences = batch(tiny_model)
         before = saved_weights(learner, tmp_path / "before")
         # NaN advantages in one sequence: one rank's loss is NaN (with two ranks, the other's is finite)
-        stats = learner.train_step(poisoned(sequences, math.nan), loss(config))
+        stats = learner.train_step(poisoned(sequences, math.nan), *loss(config))
         assert stats["skipped_optimizer_steps"] == 1, stats
         assert same(saved_weights(learner, tmp_path / "after_nan"), before)
         if stage == 0:
             # a finite loss whose gradient overflows float32
-            stats = learner.train_step(poisoned(sequences, 1e37), loss(config))
+            stats = learner.train_step(poisoned(sequences, 1e37), *loss(config))
             assert math.isfinite(stats["loss"]) and stats["skipped_optimizer_steps"] == 1, stats
             assert same(saved_weights(learner, tmp_path / "after_overflow"), before)
         # the next finite step is taken: the dropped ones left no gradient behind
-        stats = learner.train_step(sequences, loss(config))
+        stats = learner.train_step(sequences, *loss(config))
         assert stats["skipped_optimizer_steps"] == 0 and math.isfinite(stats["grad_norm"]), stats
         after = saved_weights(learner, tmp_path / "after_good")
         assert not same(after, before)
