@@ -7,7 +7,6 @@ import ray
 
 from coderloo.metrics import read_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = [
     "sft.steps=2",
