@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -62,19 +63,26 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
             tqdm.write(f"run {run}: Ray metrics (Prometheus) at {metrics_endpoint()}; logs in {console.directory}")
         else:
             print(f"logs in {console.directory}", file=sys.stderr)
-        actors.rewards = RewardClient(config.reward)
-        console.quiet_loggers()  # Serve's, set up as it started
-        if run:
-            actors.learner = LearnerGroup(model, config.learner, sft_lr=config.sft.lr, name=run)
+        # The engines, the critic, Serve's deployment and the learner's set-up each wait mostly on
+        # their own processes: started side by side, start-up takes about the longest of them, not
+        # their sum (the actors are created at once; Serve deploys in a thread while the learner sets up).
         actors.workers = start_workers(model, config.rollout, config.learner.seed, run=run, lora_rank=lora_rank)
+        if run and config.critic.enabled:
+            actors.critic = OnlineCritic(model, config.critic, config.train.seed, name=f"coderloo-critic-{run}")
+        with ThreadPoolExecutor(1, thread_name_prefix="serve-start") as pool:
+            rewards = pool.submit(RewardClient, config.reward)
+            try:
+                if run:
+                    actors.learner = LearnerGroup(model, config.learner, sft_lr=config.sft.lr, name=run)
+            finally:
+                actors.rewards = rewards.result()  # started, also when the learner failed: stopped below
+        console.quiet_loggers()  # Serve's, set up as it started
         if adapter:
             ray.get([w.load_adapter.remote(adapter) for w in actors.workers])
         actors.group = RolloutGroup(actors.workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s)
         actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt)
         if config.env.multi_turn:
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)
-        if run and config.critic.enabled:
-            actors.critic = OnlineCritic(model, config.critic, config.train.seed, name=f"coderloo-critic-{run}")
         if actors.learner is not None:
             actors.group.connect(actors.learner.weight_sources)
         yield actors
