@@ -14,7 +14,6 @@ ENV_DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "DS_ACCELERATOR": "cpu",
-    "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions"),
     "TOKENIZERS_PARALLELISM": "false",
     # vLLM logs several lines per weight update; errors still show.
     "VLLM_LOGGING_LEVEL": "ERROR",
