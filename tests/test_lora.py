@@ -155,13 +155,9 @@ def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_re
 
     config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl={"coef": 0.1}, max_tokens_per_micro_batch=256, dtype=dtype,
                            lora=LoraSettings(rank=8, alpha=16, sync=sync))
-    full = LearnerGroup(str(tiny_model), config.model_copy(update={"lora": None}), sft_lr=1e-3)
-    try:
-        examples, sequences = batch(tiny_model)
-        full.sft_step(examples)
-        full_counts = full.parameter_counts()
-    finally:
-        full.kill()
+    # the whole model's parameters; AdamW over all of them would hold two fp32 moments of each
+    whole = sum(p.numel() for p in load_causal_lm(tiny_model).parameters())
+    examples, sequences = batch(tiny_model)
     learner = LearnerGroup(str(tiny_model), config, sft_lr=1e-3)
     worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
     try:
@@ -171,10 +167,10 @@ def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_re
         # the reference is the base model: after the adapter moved, the KL to it is no longer 0
         assert stats["kl"] > 0
         counts = learner.parameter_counts()
-        assert counts["parameters"] == full_counts["parameters"] + counts["trainable"]  # the base and the adapter
-        assert 0 < counts["trainable"] < full_counts["trainable"] / 5
+        assert counts["parameters"] == whole + counts["trainable"]  # the base and the adapter
+        assert 0 < counts["trainable"] < whole / 5
         # AdamW's two moments (and a step count) for the adapter only
-        assert 0 < counts["optimizer_state_bytes"] < full_counts["optimizer_state_bytes"] / 5
+        assert 0 < counts["optimizer_state_bytes"] < 2 * 4 * whole / 5
         group = RolloutGroup([worker])
         group.connect(learner.weight_sources)
         names = [s.name for b in group._plan.buckets for s in b]
