@@ -88,12 +88,14 @@ def run_threads(check, requests: list[ExecutionRequest]) -> tuple[float, list[bo
 
 def docker_run(image: str, request: ExecutionRequest) -> bool:
     """One fresh container per program, with the warm backend's limits (but no tester process)."""
-    from sandbox_pool.docker_backend import MEMORY_MB, PIDS, TMPFS_MB
+    from sandbox_pool.pool import DockerSandbox
 
+    limits = DockerSandbox()
     source = request.program + "\n" + "\n".join(request.tests) + "\n"
     command = [
-        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--tmpfs", f"/tmp:size={TMPFS_MB}m",
-        "--memory", f"{MEMORY_MB}m", "--memory-swap", f"{MEMORY_MB}m", "--pids-limit", str(PIDS), "--cap-drop", "ALL",
+        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--tmpfs", f"/tmp:size={limits.tmpfs_mb}m",
+        "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m", "--pids-limit", str(limits.pids),
+        "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges", "--user", f"{SANDBOX_UID}:{SANDBOX_GID}",
         "--entrypoint", "/usr/bin/python3", image, "-I", "-S", "-",
     ]

@@ -24,6 +24,7 @@ import uuid
 import docker
 
 from sandbox_pool.image import image_tag
+from sandbox_pool.pool import DockerSandbox
 from sandbox_pool.process_backend import ANSWER_MARGIN_S, request_frames
 from sandbox_pool.protocol import split_frame
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
@@ -36,12 +37,6 @@ CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER", "
 RECYCLE_STATUSES = {Status.timeout, Status.memory_exceeded, Status.infra_error}
 START_TIMEOUT_S = 30.0
 MAX_RUNS = 200  # runs of one container before it is replaced all the same
-# Each container's own limits, whatever a request's Limits say: its one run, the run's tester and
-# the executor share them.
-MEMORY_MB = 1024
-PIDS = 128
-CPUS = 1.0
-TMPFS_MB = 64
 
 
 class DockerUnavailable(RuntimeError):
@@ -51,15 +46,16 @@ class DockerUnavailable(RuntimeError):
 class Container:
     """One warm container and the socket attached to its executor's stdin and stdout."""
 
-    def __init__(self, client: docker.DockerClient, image: str, owner: str):
+    def __init__(self, client: docker.DockerClient, image: str, owner: str, limits: DockerSandbox):
         self.runs = 0
         self._raw = b""  # the attached stream, not yet demultiplexed
         self._buffer = b""  # the executor's stdout, not yet taken as frames
         api = client.api
         host_config = api.create_host_config(
             network_mode="none", read_only=True,
-            tmpfs={"/tmp": f"size={TMPFS_MB}m,mode=1777,exec"}, shm_size=f"{TMPFS_MB}m",  # exec: C++ binaries run there
-            mem_limit=f"{MEMORY_MB}m", memswap_limit=f"{MEMORY_MB}m", pids_limit=PIDS, nano_cpus=int(CPUS * 1e9),
+            tmpfs={"/tmp": f"size={limits.tmpfs_mb}m,mode=1777,exec"}, shm_size=f"{limits.tmpfs_mb}m",  # exec: C++ binaries run there
+            mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.pids,
+            nano_cpus=int(limits.cpus * 1e9),
             cap_drop=["ALL"], cap_add=CAPABILITIES, security_opt=["no-new-privileges"], init=True, auto_remove=True,
         )
         # stdin_once: when the host's attached socket goes (this process died), the executor sees
@@ -123,9 +119,11 @@ class Container:
 
 
 class DockerBackend:
-    """`containers` warm containers; `execute` runs a request in a free one."""
+    """`containers` warm containers, each held to `limits` (the pool's settings of the Docker
+    backend); `execute` runs a request in a free one."""
 
-    def __init__(self, containers: int):
+    def __init__(self, containers: int, limits: DockerSandbox | None = None):
+        self.limits = limits or DockerSandbox()
         try:
             self.client = docker.from_env()
             self.client.ping()
@@ -167,7 +165,7 @@ class DockerBackend:
         """A new container, or None (and no container) if the backend was closed meanwhile: the
         check is in the thread that makes it, which runs to its end even when the task that
         awaits it is cancelled (at shutdown), so no container outlives a closed backend."""
-        container = Container(self.client, self.image, self.owner)
+        container = Container(self.client, self.image, self.owner, self.limits)
         if self.closed:
             container.remove()
             return None

@@ -42,11 +42,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.config import Variant, with_default_variants
 from sandbox_pool.process_backend import ANSWER_MARGIN_S, ForkServer
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
 
@@ -65,12 +66,33 @@ RETIRE_S = 30.0  # an idle executor's close() may take this long before its acto
 HEALTH_CHECK = ExecutionRequest(program="def ok():\n    return 1\n", tests=["assert ok() == 1"])
 
 
+class ProcessSandbox(Variant):
+    """A fork server per executor; no Docker needed. Each run is held to its request's limits alone."""
+
+    type: Literal["process"] = "process"
+
+
+class DockerSandbox(Variant):
+    """Warm containers of the sandbox image (`make sandbox-image`), one per concurrent run, each
+    held to limits of its own besides the request's: its run, the run's tester and the executor
+    share them."""
+
+    type: Literal["docker"] = "docker"
+    memory_mb: int = Field(1024, ge=64, description="each container's memory, swap included")
+    cpus: float = Field(1.0, gt=0, description="CPUs each container may use")
+    pids: int = Field(128, ge=16, description="processes and threads in each container")
+    tmpfs_mb: int = Field(64, ge=1, description="size of each container's /tmp and of its /dev/shm")
+
+
+SandboxBackend = Annotated[ProcessSandbox | DockerSandbox, Field(discriminator="type")]
+
+
 class PoolSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["process", "docker"] = Field(
-        "process", description="process: a fork server per executor (no Docker needed); docker: warm containers of "
-        "the sandbox image (`make sandbox-image`), one per concurrent run")
+    backend: SandboxBackend = Field(
+        default_factory=ProcessSandbox, description="process: a fork server per executor (no Docker needed); docker: "
+        "warm containers of the sandbox image, one per concurrent run, with the containers' own limits")
     min_executors: int = Field(1, ge=0, description="executors kept even when idle")
     max_executors: int = Field(4, ge=1, description="most executors the pool scales up to")
     initial_executors: int | None = Field(
@@ -80,6 +102,14 @@ class PoolSettings(BaseModel):
     start_timeout_s: float = Field(
         300.0, gt=0, description="for a new executor to be placed (an autoscaler may have to add a node) and pass its "
         "health check")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variant(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("backend"), str):  # the earlier shape, `backend: docker`
+            raise ValueError(f"backend is a section: backend: {{type: {data['backend']}}} "
+                             f"(an override: reward.pool.backend.type={data['backend']})")
+        return with_default_variants(data, {"backend": ("type", "process")})
 
     @model_validator(mode="after")
     def _order(self) -> "PoolSettings":
@@ -99,11 +129,11 @@ class SandboxExecutor:
     call per program cost as much CPU as the program itself on a small machine (bench/results.md,
     reward_service)."""
 
-    def __init__(self, backend: str, concurrency: int):
-        if backend == "docker":
+    def __init__(self, backend: ProcessSandbox | DockerSandbox, concurrency: int):
+        if backend.type == "docker":
             from sandbox_pool.docker_backend import DockerBackend
 
-            self._backend = DockerBackend(containers=concurrency)  # DockerUnavailable fails the start, with the reason
+            self._backend = DockerBackend(concurrency, backend)  # DockerUnavailable fails the start, with the reason
         else:
             self._backend = ForkServer()
         self._concurrency = concurrency

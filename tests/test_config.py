@@ -113,6 +113,16 @@ def test_a_moved_field_names_its_new_place_in_a_file_and_an_override(old, tmp_pa
     assert places and all(_schema_has(schema, p) for p in places), places
 
 
+def test_the_sandbox_backend_is_a_variant_with_the_containers_limits_its_own():
+    config = load_config("configs/default.yaml", ["reward.pool.backend.type=docker", "reward.pool.backend.memory_mb=4096"])
+    assert (config.reward.pool.backend.type, config.reward.pool.backend.memory_mb, config.reward.pool.backend.pids) == ("docker", 4096, 128)
+    assert load_config("configs/default.yaml").reward.pool.backend.type == "process"
+    with pytest.raises(ConfigError, match=re.escape("backend: {type: docker} (an override: reward.pool.backend.type=docker)")):
+        load_config("configs/default.yaml", ["reward.pool.backend=docker"])  # the earlier shape
+    with pytest.raises(ConfigError, match=r"reward\.pool\.backend\.process\.memory_mb: Extra inputs are not permitted"):
+        load_config("configs/default.yaml", ["reward.pool.backend.memory_mb=4096"])  # the process backend has none
+
+
 def test_the_schema_checks_every_shipped_file_and_names_the_variants(capsys):
     jsonschema = pytest.importorskip("jsonschema")
     schema = config_schema()

@@ -607,7 +607,7 @@ def test_pool_with_the_docker_backend(ray_cluster):
             pytest.fail(f"CODERLOO_REQUIRE_DOCKER=1 but: {e}")
         pytest.skip(str(e))
     cases = mixed_requests(10)
-    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=2, backend="docker"))
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, concurrency_per_executor=2, backend={"type": "docker"}))
     try:
         check_in_order(cases, pool.run([request for request, _ in cases]))
     finally:

@@ -14,11 +14,11 @@ import pytest
 from sandbox_pool import ExecutionRequest, IOTest, Limits, Status
 
 
-def docker_backend_or_skip(containers: int = 2):
+def docker_backend_or_skip(containers: int = 2, limits=None):
     from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
 
     try:
-        return DockerBackend(containers=containers)
+        return DockerBackend(containers, limits)
     except DockerUnavailable as e:
         if os.environ.get("CODERLOO_REQUIRE_DOCKER") == "1":
             pytest.fail(f"CODERLOO_REQUIRE_DOCKER=1 but: {e}")
@@ -73,3 +73,26 @@ def test_statuses_forgeries_and_cpp_in_containers():
         assert result.status is expected, (request.program[:60], result.detail, result.stderr[-300:])
     assert backend.recycled >= 2  # the timeout and the memory kill each replaced their container
     assert labelled_containers(backend.owner) == []  # close() left nothing behind
+
+
+def test_each_container_is_held_to_the_configured_limits():
+    import docker
+    from sandbox_pool.pool import DockerSandbox
+
+    limits = DockerSandbox(memory_mb=384, cpus=0.5, pids=64, tmpfs_mb=32)
+    backend = docker_backend_or_skip(1, limits)
+
+    async def go():
+        return await backend.execute(ExecutionRequest(program="import os\nprint(os.statvfs('/tmp').f_blocks * os.statvfs('/tmp').f_frsize)\n",
+                                                      tests=[IOTest(stdin="", stdout=str(32 << 20))]))
+
+    try:
+        loop = asyncio.new_event_loop()
+        result = loop.run_until_complete(go())
+        (container,) = labelled_containers(backend.owner)
+        host = docker.from_env().api.inspect_container(container.id)["HostConfig"]
+    finally:
+        backend.close()
+        loop.close()
+    assert result.status is Status.passed, (result.detail, result.stdout, result.stderr[-300:])  # /tmp is 32 MiB
+    assert (host["Memory"], host["MemorySwap"], host["NanoCpus"], host["PidsLimit"]) == (384 << 20, 384 << 20, 5 * 10**8, 64)
