@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# What is derived from shared inputs and costs minutes to compute, kept for every checkout of the user.
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "coderloo"
 
 # Defaults for one CPU machine; a cluster's environment overrides them.
 ENV_DEFAULTS = {

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from coderloo.tasksets import evalplus_oracle as oracle
-from coderloo.tasksets.evalplus import file_sha256, left_out, load_evalplus
+from coderloo.runtime import USER_CACHE
+from coderloo.tasksets.evalplus import CODE_DIGEST, file_sha256, left_out, load_evalplus
 from coderloo.tasksets.evalsets import EVAL_SETS, load_eval_set
 from reward_service.tasks import Task, TaskFileError
 
@@ -135,8 +136,7 @@ def test_evalplus_tasks(evalplus_sets, shared_data):
     assert left_out(shared_data / MBPP_PLUS) == {"Mbpp/255": [85, 86, 90, 96, 100]}
     assert {k: len(v) for k, v in left_out(shared_data / HUMANEVAL_PLUS).items()} == {
         "HumanEval/15": 21, "HumanEval/100": 1, "HumanEval/130": 10}
-    cache = Path(__file__).resolve().parent.parent / ".cache" / "evalplus"
-    assert any(p.name.startswith(file_sha256(shared_data / MBPP_PLUS)) for p in cache.iterdir())
+    assert (USER_CACHE / "evalplus" / f"{file_sha256(shared_data / MBPP_PLUS)}-{CODE_DIGEST}.json").is_file()
 
 
 def test_a_bad_evalplus_file_names_the_line(tmp_path, shared_data):

@@ -2,8 +2,8 @@
 
 The EvalPlus files hold inputs (`base_input`, `plus_input`), not expected outputs. Expected
 outputs come from running each task's canonical solution on its inputs, once per data file: in
-subprocesses with a timeout (never in this process), cached under .cache/evalplus/ by the file's
-sha256. Each input becomes one test, `_evalplus["check"](<entry point>, i)`, decided in the
+subprocesses with a timeout (never in this process), cached under ~/.cache/coderloo/evalplus/ by
+the file's sha256 and the code's. Each input becomes one test, `_evalplus["check"](<entry point>, i)`, decided in the
 sandbox's trusted tester by evalplus_oracle.py (EvalPlus's comparison rules, atol and special
 oracles), whose source and the task's inputs and expected outputs are the task's `test_setup`:
 they run in the tester, never in the program's process.
@@ -40,8 +40,10 @@ from reward_service.tasks import Record, Task, TaskFileError, build_tasks, jsonl
 
 ORACLE_SOURCE = Path(evalplus_oracle.__file__).read_text(encoding="utf-8")
 ORACLE_PATH = Path(evalplus_oracle.__file__)
-# Bump when the computation of expected outputs changes (fixes, deserialization): old caches are then ignored.
-CACHE_VERSION = 1
+# The cache is shared by every checkout of a user: its entries are named by the data file's
+# sha256 and by the code that computes them (the oracle and this module's deserialization), so a
+# change to either computes them again.
+CODE_DIGEST = hashlib.sha256((ORACLE_SOURCE + Path(__file__).read_text(encoding="utf-8")).encode()).hexdigest()[:16]
 EXPECTED_TIMEOUT_S = 1800.0  # computing all expected outputs of one file, per subprocess
 
 
@@ -167,7 +169,7 @@ def _run_canonical(jobs: list[dict], timeout_s: float) -> list[dict]:
 
 def expected_outputs(path: Path, records: list[tuple[str, Record]], cache_dir: Path) -> dict[str, dict[str, Any]]:
     """{task id: {"base", "plus" (encoded outputs), "base_time", "plus_time"}}, from the cache or computed."""
-    cache = cache_dir / f"{file_sha256(path)}-v{CACHE_VERSION}.json"
+    cache = cache_dir / f"{file_sha256(path)}-{CODE_DIGEST}.json"
     if cache.exists():
         return json.loads(cache.read_text())
     jobs = []
@@ -201,11 +203,11 @@ def too_large(output) -> bool:
 
 def left_out(path: str | Path, cache_dir: str | Path | None = None) -> dict[str, list[int]]:
     """{task id: indices of plus inputs} whose expected outputs are too large to check (see MAX_OUTPUT_BYTES)."""
-    from coderloo.runtime import REPO_ROOT
+    from coderloo.runtime import USER_CACHE
 
     path = Path(path)
     _, records = _read(path)
-    expected = expected_outputs(path, records, Path(cache_dir) if cache_dir else REPO_ROOT / ".cache" / "evalplus")
+    expected = expected_outputs(path, records, Path(cache_dir) if cache_dir else USER_CACHE / "evalplus")
     found = {task_id: [i for i, out in enumerate(e["plus"]) if too_large(out)] for task_id, e in expected.items()}
     return {task_id: indices for task_id, indices in found.items() if indices}
 
@@ -223,11 +225,11 @@ def load_evalplus(
     """HumanEvalPlus-*.jsonl.gz or MbppPlus-*.jsonl.gz as Tasks (ids humaneval+/N, mbpp+/N; with
     plus=False, the base inputs only: humaneval+base/N, mbpp+base/N). `plus_limit` keeps an
     evenly spread subset of each task's plus inputs (for quick checks)."""
-    from coderloo.runtime import REPO_ROOT
+    from coderloo.runtime import USER_CACHE
 
     path = Path(path)
     dataset, records = _read(path)
-    expected = expected_outputs(path, records, Path(cache_dir) if cache_dir else REPO_ROOT / ".cache" / "evalplus")
+    expected = expected_outputs(path, records, Path(cache_dir) if cache_dir else USER_CACHE / "evalplus")
     name = ("humaneval+" if dataset == "humaneval" else "mbpp+") + ("" if plus else "base")
 
     def make_task(record: Record) -> Task:
