@@ -79,7 +79,16 @@ def test_vllm_matches_transformers_after_each_update(ray_cluster, tiny_model, un
             ray.kill(actor)
 
 
-def test_both_engines_take_a_prompt_as_token_ids(ray_cluster, tiny_model):
+@pytest.fixture(scope="module")
+def engines(ray_cluster, tiny_model):
+    """A vLLM and a transformers worker on the tiny model's own weights, for the tests that push none."""
+    workers = [RolloutWorker.remote(str(tiny_model), backend, threads=1) for backend in ("vllm", "transformers")]
+    yield workers
+    for w in workers:
+        ray.kill(w)
+
+
+def test_both_engines_take_a_prompt_as_token_ids(engines, tiny_model):
     """A multi-turn trajectory's context goes to the engines as token ids (never re-tokenized): both
     engines sample from it what they sample from its text, and report their context length (the
     strategy ends a trajectory whose next turn would not fit in it)."""
@@ -87,29 +96,20 @@ def test_both_engines_take_a_prompt_as_token_ids(ray_cluster, tiny_model):
 
     ids = AutoTokenizer.from_pretrained(str(tiny_model))(PROMPTS[1])["input_ids"]
     params = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
-    workers = [RolloutWorker.remote(str(tiny_model), backend, threads=1) for backend in ("vllm", "transformers")]
-    try:
-        outs = [RolloutGroup([w]).generate([PROMPTS[1], ids], params) for w in workers]
-        assert ray.get([w.context_length.remote() for w in workers]) == [512, 512]
-    finally:
-        for w in workers:
-            ray.kill(w)
+    outs = [RolloutGroup([w]).generate([PROMPTS[1], ids], params) for w in engines]
+    assert ray.get([w.context_length.remote() for w in engines]) == [512, 512]
     for as_text, as_ids in outs:
         assert as_text.prompt_ids == as_ids.prompt_ids == ids
         assert as_text.samples[0].token_ids == as_ids.samples[0].token_ids
     assert outs[0][0].samples[0].token_ids == outs[1][0].samples[0].token_ids
 
 
-def test_vllm_logprobs_match_the_learners(ray_cluster, tiny_model):
+def test_vllm_logprobs_match_the_learners(engines, tiny_model):
     from learner.batch import TrainSequence, pack
     from learner.losses import token_logprobs
 
-    worker = RolloutWorker.remote(str(tiny_model), "vllm", threads=1)
-    try:
-        params = GenerationParams(n=4, max_new_tokens=12, temperature=0.7)
-        rollouts = RolloutGroup([worker]).generate(PROMPTS[:4], params)
-    finally:
-        ray.kill(worker)
+    params = GenerationParams(n=4, max_new_tokens=12, temperature=0.7)
+    rollouts = RolloutGroup([engines[0]]).generate(PROMPTS[:4], params)
     assert all(len(r.samples) == 4 for r in rollouts)
     assert all(s.finish_reason in ("stop", "length") and len(s.sampler_logprobs) == len(s.token_ids) for r in rollouts for s in r.samples)
     seqs = [TrainSequence(r.prompt_ids, s.token_ids, s.sampler_logprobs) for r in rollouts for s in r.samples]
@@ -153,14 +153,11 @@ def test_a_dead_worker_fails_the_push_by_name(ray_cluster, tiny_model):
             ray.kill(actor)
 
 
-def test_stale_or_repeated_version_is_refused(ray_cluster, tiny_model):
-    worker = RolloutWorker.remote(str(tiny_model), "transformers", threads=1)
-    try:
-        with pytest.raises(ray.exceptions.RayTaskError, match="weight version must increase"):
-            ray.get(worker.receive_weights.remote(None, 0))
-        assert ray.get(worker.status.remote())[1] == 0
-    finally:
-        ray.kill(worker)
+def test_stale_or_repeated_version_is_refused(engines):
+    worker = engines[1]
+    with pytest.raises(ray.exceptions.RayTaskError, match="weight version must increase"):
+        ray.get(worker.receive_weights.remote(None, 0))
+    assert ray.get(worker.status.remote())[1] == 0
 
 
 def drain(chunks) -> list:
