@@ -119,10 +119,10 @@ class ExecutionRequest(BaseModel):
         if kind == "assert" and self.language != "python":
             raise ValueError(f"tests of a {self.language} request must be {{stdin, stdout}} or {{args, accepted}} "
                              "cases (statements are Python)")
-        if kind == "call" and not self.entry_point:
-            raise ValueError("call cases need the entry_point to call")
         if kind == "call" and self.language == "cpp":
             raise ValueError("cpp requests take {stdin, stdout} cases only")
+        if kind == "call" and not self.entry_point:
+            raise ValueError("call cases need the entry_point to call")
         if kind != "assert" and self.test_setup:
             raise ValueError("test_setup goes with statement tests only")
         if self.language == "cpp" and self.entry_point:

@@ -3,12 +3,13 @@ import json
 import math
 
 import pytest
+from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from coderloo.evaluation import pass_at_k
 from common.hf import load_causal_lm, load_tokenizer
 from coderloo.tasksets.synthetic import FAMILIES, synthetic_suite
-from reward_service.tasks import TaskFileError, load_jsonl
+from reward_service.tasks import Task, TaskFileError, load_jsonl
 
 TEXTS = [
     'def solve(xs):\n    """Return the items of xs greater than 12."""\n    return [v for v in xs if v > 12]\n',
@@ -91,6 +92,21 @@ def test_malformed_task_file_names_file_line_and_reason(tmp_path):
     path.write_text(good + "\n\n" + "{not json\n")
     with pytest.raises(TaskFileError, match=r"tasks.jsonl:3: invalid JSON"):
         load_jsonl(path)
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"tests": [{"stdin": "1", "stdout": "1"}], "test_setup": "import os"}, "test_setup goes with statement tests only"),
+    ({"tests": [{"args": [1], "accepted": [1]}], "entry_point": "f", "language": "cpp"}, "cpp requests take"),
+    ({"tests": [{"args": [1], "accepted": [1]}]}, "call cases need the entry_point"),
+    ({"tests": ["assert True"], "language": "javascript"}, "statements are Python"),
+])
+def test_a_task_the_sandbox_would_refuse_is_refused_naming_why(fields, reason):
+    """A task is held to the sandbox's own rules when it is read (the reward service answers 422, not
+    a 500 when scoring it: schemathesis found a test_setup on stdin/stdout cases)."""
+    base = {"id": "t/1", "prompt": "p", "reference": "", "difficulty": 1, "source": "t", "prompt_is_code": False}
+    with pytest.raises(ValidationError, match=reason):
+        Task(**base, **fields)
+    assert Task(**base, tests=["assert True"], test_setup="import os").test_kind == "assert"
 
 
 def test_pass_at_k_unbiased_estimator():
