@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sandbox_pool.results import ExecutionRequest, Limits, OutputMatch, Test, test_kind
+from sandbox_pool.results import ExecutionRequest, Limits, OutputMatch, Test, check_tests_fit, test_kind
 
 
 class Task(BaseModel):
@@ -55,12 +55,14 @@ class Task(BaseModel):
     def _tests_fit(self) -> "Task":
         if self.public_tests > len(self.tests):
             raise ValueError(f"public_tests is {self.public_tests} but the task has {len(self.tests)} tests")
-        try:  # the sandbox's own rules (tests against language, entry point, test_setup): a task that
-            # passes here cannot make a request the sandbox refuses
-            self.execution_request(self.reference, Limits())
-        except ValidationError as error:
-            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())) from None
+        # the sandbox's own rules: a task that passes here cannot make a request the sandbox refuses
+        check_tests_fit(self.tests, self.language, self.request_entry_point, self.test_setup)
         return self
+
+    @property
+    def request_entry_point(self) -> str | None:
+        """The entry point its sandbox requests name (none for C++: a stdin/stdout program's main)."""
+        return self.entry_point if self.language != "cpp" else None
 
     @property
     def test_kind(self) -> Literal["assert", "stdio", "call"]:
@@ -87,7 +89,7 @@ class Task(BaseModel):
     def execution_request(self, program: str, limits: Limits) -> ExecutionRequest:
         """The sandbox request that runs `program` against this task's tests."""
         return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
-                                entry_point=self.entry_point if self.language != "cpp" else None,
+                                entry_point=self.request_entry_point,
                                 language=self.language, match=self.match, limits=self.run_limits(limits))
 
 

@@ -115,21 +115,27 @@ class ExecutionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _tests_fit_the_language(self) -> "ExecutionRequest":
-        kind = test_kind(self.tests)
-        if kind == "assert" and self.language != "python":
-            raise ValueError(f"tests of a {self.language} request must be {{stdin, stdout}} or {{args, accepted}} "
-                             "cases (statements are Python)")
-        if kind == "call" and self.language == "cpp":
-            raise ValueError("cpp requests take {stdin, stdout} cases only")
-        if kind == "call" and not self.entry_point:
-            raise ValueError("call cases need the entry_point to call")
-        if kind != "assert" and self.test_setup:
-            raise ValueError("test_setup goes with statement tests only")
-        if self.language == "cpp" and self.entry_point:
-            raise ValueError("entry_point is for python and javascript requests only")
-        if self.language == "javascript" and self.entry_point and not JS_NAME.fullmatch(self.entry_point):
-            raise ValueError(f"entry_point {self.entry_point!r} is not a JavaScript identifier")
+        check_tests_fit(self.tests, self.language, self.entry_point, self.test_setup)
         return self
+
+
+def check_tests_fit(tests: list, language: str, entry_point: str | None, test_setup: str) -> None:
+    """The rules a request's tests keep with its language, entry point and test_setup (a ValueError
+    names the one broken); tasks are held to them when they are read."""
+    kind = test_kind(tests)
+    if kind == "assert" and language != "python":
+        raise ValueError(f"tests of a {language} request must be {{stdin, stdout}} or {{args, accepted}} "
+                         "cases (statements are Python)")
+    if kind == "call" and language == "cpp":
+        raise ValueError("cpp requests take {stdin, stdout} cases only")
+    if kind == "call" and not entry_point:
+        raise ValueError("call cases need the entry_point to call")
+    if kind != "assert" and test_setup:
+        raise ValueError("test_setup goes with statement tests only")
+    if language == "cpp" and entry_point:
+        raise ValueError("entry_point is for python and javascript requests only")
+    if language == "javascript" and entry_point and not JS_NAME.fullmatch(entry_point):
+        raise ValueError(f"entry_point {entry_point!r} is not a JavaScript identifier")
 
 
 def test_kind(tests: list) -> Literal["assert", "stdio", "call"]:
