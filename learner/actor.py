@@ -28,9 +28,6 @@ from learner.logits import chunked_logprobs, final_hidden_states
 from learner.losses import LossInputs, kl_penalty, policy_loss, sft_loss, value_loss
 from learner.value import ValueModel, add_value_head, hidden_and_values, policy_state
 
-# The op DeepSpeed compiles for its collectives on CPU when the first engine starts on a node.
-SHM_COMM_OP = "deepspeed_shm_comm"
-
 # One rank's share of a step: for each mini-batch (optimizer step), its micro-batches, the
 # normalizer of the whole mini-batch's policy loss and its trained tokens (over all ranks; the
 # value loss is their mean).
@@ -103,10 +100,10 @@ class Learner(WeightSource):
 
     def unbuilt_ops(self) -> list[str]:
         """The DeepSpeed ops `setup` compiles on this node first (minutes; once per machine)."""
-        from torch.utils.cpp_extension import _get_build_directory
+        from learner.ops import library_path, shm_comm_builder
 
-        names = [SHM_COMM_OP] if self.config.device == "cpu" else []  # DeepSpeed's CPU collectives
-        return [n for n in names if not (Path(_get_build_directory(n, verbose=False)) / f"{n}.so").exists()]
+        builder = shm_comm_builder() if self.config.device == "cpu" else None  # DeepSpeed's CPU collectives
+        return [builder.NAME] if builder is not None and not library_path(builder).exists() else []
 
     def setup(self, master_addr: str, master_port: int) -> None:
         # Without the deepspeed launcher, DeepSpeed reads the rendezvous from the environment.
@@ -117,6 +114,7 @@ class Learner(WeightSource):
         import deepspeed
 
         from common.hf import load_causal_lm, load_tokenizer
+        from learner.ops import load_shm_comm_op
 
         config = self.config
         torch.manual_seed(config.seed)
@@ -124,6 +122,8 @@ class Learner(WeightSource):
             torch.set_num_threads(config.threads)
         accelerator = deepspeed.get_accelerator()
         backend = "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
+        if backend == "gloo":
+            load_shm_comm_op()  # compiled once per machine, not once per virtualenv (learner/ops.py)
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id

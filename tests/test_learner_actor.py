@@ -1,5 +1,8 @@
 """The DeepSpeed learner at each ZeRO stage and with two ranks: steps change the weights, the
 weights it publishes are whole (ZeRO-3 partitions them), and ranks stay identical."""
+import shutil
+from pathlib import Path
+
 import pytest
 import ray
 import torch
@@ -182,3 +185,20 @@ def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_
     finally:
         resumed.kill()
     assert values == saved_values
+
+
+def test_deepspeeds_cpu_collectives_op_is_kept_by_its_content_not_its_virtualenv(tmp_path):
+    """A fresh virtualenv (a fresh clone, CI) finds the op compiled for another with the same files
+    and versions; a changed source is compiled anew."""
+    from learner.ops import library_path, shm_comm_builder
+
+    builder = shm_comm_builder()
+    assert builder is not None, "DeepSpeed has no shared-memory collectives op on this machine"
+    here = library_path(builder)
+    source = Path(builder.deepspeed_src_path(builder.sources()[0])).parent
+    elsewhere = tmp_path / "other-venv" / source.name
+    shutil.copytree(source, elsewhere)
+    builder.deepspeed_src_path = lambda path: str(elsewhere / Path(path).name)
+    assert library_path(builder) == here
+    (elsewhere / "shm.cpp").write_text((source / "shm.cpp").read_text() + "\n// changed\n")
+    assert library_path(builder) != here
