@@ -6,17 +6,25 @@ built outside the program's process (its bytes, or plain values the tester rebui
 The rules are the ones APPS, CodeContests and LiveCodeBench grade by, made explicit per task
 (`OutputMatch` in results.py):
 
-- tokens (default): the outputs split at whitespace give the same number of tokens, and each pair
-  is equal as text, or both are integers of equal value, or (with a tolerance) the expected one is
-  a decimal or exponent number and the two are within tolerance * max(1, |expected|). An integer
-  is never matched by tolerance: 1000001 is not 1000000.
-- lines: the same lines, each without trailing whitespace, trailing blank lines ignored.
+- tokens (default): the outputs split at ASCII whitespace (space, tab, newline, CR, VT, FF, as
+  the contests' checkers split; not at Unicode spaces such as U+3000) give the same number of
+  tokens, and each pair is equal as text, or both are integers of equal value, or (with a
+  tolerance) the expected one is a decimal or exponent number and the two are within
+  tolerance * max(1, |expected|). An integer is never matched by tolerance: 1000001 is not
+  1000000. Numbers are ASCII digits only (not what float() also reads: other scripts' digits, 1_000).
+- lines: the same lines, each without trailing ASCII whitespace, trailing blank lines ignored.
 - exact: the same text.
+
+A call's result is compared as JSON types: a bool matches only a bool (Python's True == 1 does not
+hold here), a tuple equals the list of its items, and numbers within the tolerance.
 """
 import math
 import re
 
-INTEGER = re.compile(r"[+-]?\d+")
+SPACE = " \t\n\r\v\f"
+SPACES = re.compile(f"[{SPACE}]+")
+INTEGER = re.compile(r"[+-]?[0-9]+")
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def outputs_match(got: str, expected: str, mode: str = "tokens", tolerance=1e-6) -> bool:
@@ -26,12 +34,16 @@ def outputs_match(got: str, expected: str, mode: str = "tokens", tolerance=1e-6)
         return _lines(got) == _lines(expected)
     if mode != "tokens":
         raise ValueError(f"unknown output match mode {mode!r}")
-    ours, theirs = got.split(), expected.split()
+    ours, theirs = _tokens(got), _tokens(expected)
     return len(ours) == len(theirs) and all(_token_matches(a, b, tolerance) for a, b in zip(ours, theirs))
 
 
+def _tokens(text: str) -> list[str]:
+    return [token for token in SPACES.split(text) if token]
+
+
 def _lines(text: str) -> list[str]:
-    lines = [line.rstrip() for line in text.split("\n")]
+    lines = [line.rstrip(SPACE) for line in text.split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     return lines
@@ -42,12 +54,9 @@ def _token_matches(got: str, expected: str, tolerance) -> bool:
         return True
     if INTEGER.fullmatch(expected):
         return INTEGER.fullmatch(got) is not None and int(got) == int(expected)
-    if tolerance is None:
+    if tolerance is None or not (NUMBER.fullmatch(got) and NUMBER.fullmatch(expected)):
         return False
-    try:
-        a, b = float(got), float(expected)
-    except ValueError:
-        return False
+    a, b = float(got), float(expected)
     return math.isfinite(a) and math.isfinite(b) and _close(a, b, tolerance)
 
 
@@ -56,8 +65,11 @@ def _close(a: float, b: float, tolerance: float) -> bool:
 
 
 def values_match(got, expected, tolerance=1e-6) -> bool:
-    """A call's result against an expected JSON value: Python's ==, except that a tuple equals the
-    list of its items (JSON has no tuples), and floats compare within the tolerance."""
+    """A call's result against an expected JSON value: Python's ==, except that a bool matches only
+    a bool, a tuple equals the list of its items (JSON has no tuples), and floats compare within the
+    tolerance."""
+    if isinstance(got, bool) or isinstance(expected, bool):
+        return type(got) is type(expected) and got == expected
     if isinstance(got, tuple):
         got = list(got)
     if isinstance(got, list) and isinstance(expected, list):

@@ -61,8 +61,8 @@ class IOTest(BaseModel):
 class CallTest(BaseModel):
     """A call-based case: the entry point (a top-level function, or a method of LeetCode's
     `class Solution` when the program defines no such function) called with `args`; it passes when
-    the result equals one of `accepted` (JSON values; a tuple equals the list of its items; floats
-    within the request's float tolerance). The call and the comparison happen in the tester."""
+    the result equals one of `accepted` (JSON values: a bool only a bool; a tuple equals the list of
+    its items; floats within the request's float tolerance). The call and the comparison happen in the tester."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     __test__ = False
@@ -79,7 +79,7 @@ class OutputMatch(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Literal["tokens", "lines", "exact"] = Field(
-        "tokens", description="tokens: whitespace-separated tokens equal (APPS, LiveCodeBench, CodeContests); "
+        "tokens", description="tokens: the tokens between ASCII whitespace equal (APPS, LiveCodeBench, CodeContests); "
         "lines: each line equal after removing trailing whitespace, trailing blank lines ignored; exact: byte for byte"
     )
     float_tolerance: float | None = Field(

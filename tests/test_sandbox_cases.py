@@ -86,6 +86,12 @@ def test_output_match_rules(sandbox):
     assert run(sandbox, spaced, [IOTest(stdout="1 2")], match=OutputMatch(mode="lines")).status is Status.failed
     assert run(sandbox, spaced, [IOTest(stdout="1  2")], match=OutputMatch(mode="lines")).status is Status.passed
     assert run(sandbox, spaced, [IOTest(stdout="1  2 \n\n")], match=OutputMatch(mode="exact")).status is Status.passed
+    # as the contests' checkers: tokens split at ASCII whitespace only; a bool result is not a number
+    assert run(sandbox, "print('1\u30002')\n", [IOTest(stdout="1 2")]).status is Status.failed
+    assert run(sandbox, "print('1\t2')\n", [IOTest(stdout="1 2")]).status is Status.passed
+    for program, language in [("def f():\n    return True\n", "python"), ("function f() { return true; }\n", "javascript")]:
+        assert run(sandbox, program, [CallTest(args=[], accepted=[1])], language=language, entry_point="f").status is Status.failed
+        assert run(sandbox, program, [CallTest(args=[], accepted=[True])], language=language, entry_point="f").status is Status.passed
 
 
 def test_call_cases(sandbox):
@@ -183,6 +189,13 @@ def test_requests_are_checked():
     ("a  \nb\n\n", "a\nb", "lines", None, True),
     ("a b", "a  b", "lines", None, False),
     ("a\n", "a", "exact", None, False),
+    # the contests' checkers split at ASCII whitespace only, and read ASCII digits only
+    ("1\u30002", "1 2", "tokens", 1e-6, False),
+    ("1\u00a02", "1 2", "tokens", 1e-6, False),
+    ("1\t2\r\n", "1 2", "tokens", 1e-6, True),
+    ("\uff11\uff12", "12", "tokens", 1e-6, False),  # fullwidth digits: int() reads them as 12
+    ("1_000", "1000", "tokens", 1e-6, False),
+    ("0.3\u00a0", "0.3", "lines", None, False),
 ])
 def test_outputs_match(got, expected, mode, tolerance, same):
     assert outputs_match(got, expected, mode, tolerance) is same
@@ -199,6 +212,14 @@ def test_outputs_match(got, expected, mode, tolerance, same):
     ("1", 1, False),
     ([1, 2], [1, 2, 3], False),
     (None, None, True),
+    # JSON's true is not 1: a bool matches only a bool, also inside a list or an object
+    (True, 1, False),
+    (1, True, False),
+    (False, 0, False),
+    (0.0, False, False),
+    ([True], [1], False),
+    ({"ok": 1}, {"ok": True}, False),
+    (True, True, True),
 ])
 def test_values_match(got, expected, same):
     assert values_match(got, expected) is same
