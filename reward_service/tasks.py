@@ -35,8 +35,10 @@ class Task(BaseModel):
         "False when the completion must contain the whole program (prose prompt)."
     )
     test_setup: str = Field(default="", description="Code run after the program and before the tests (MBPP).")
-    split: Literal["train", "heldout", "test", "validation", "fewshot"] = Field(
-        default="test", description="Which split of its source the task belongs to."
+    split: str = Field(
+        default="test", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="Which split of its source the task belongs to: train, heldout, test, validation, fewshot, or "
+        "for a competitive-programming file whose name names none, the file's name (problems.jsonl: problems).",
     )
     language: Literal["python", "cpp", "javascript"] = Field("python", description="The language of the program.")
     match: OutputMatch = Field(default_factory=OutputMatch, description="How outputs and call results are compared.")

@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import pickle
+import shutil
 import zlib
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-from coderloo.config import ConfigError
+from coderloo.config import ConfigError, TasksConfig
 from coderloo.evaluation import pass_rate_by
 from coderloo.tasksets.benchmarks import load_task_set
 from coderloo.tasksets.competitive import (
@@ -34,6 +35,7 @@ from coderloo.tasksets.competitive import (
     split_of,
 )
 from coderloo.tasksets.evalsets import EVAL_SETS, load_eval_set, published_after
+from coderloo.tasksets.loading import load_tasks
 from reward_service.tasks import Task, TaskFileError
 from sandbox_pool.results import CallTest, IOTest
 
@@ -214,8 +216,20 @@ def test_split_from_the_file_name():
     assert [split_of(Path(name)) for name in ("train.jsonl", "test2.jsonl", "apps-test.jsonl", "valid-00000-of-00001.parquet",
                                               "train-00000-of-00039-e991a271dbfa9925.parquet")] == \
         ["train", "test", "test", "validation", "train"]
-    with pytest.raises(TaskFileError, match="problems.jsonl: cannot tell the split from the file name"):
-        split_of(Path("problems.jsonl"))
+    # a file whose name names no split is a split of its own, whatever its name
+    assert [split_of(Path(name)) for name in ("problems.jsonl", "apps_2026.jsonl.gz", "mine.parquet")] == \
+        ["problems", "apps_2026", "mine"]
+
+
+def test_a_file_of_any_name_loads_as_the_split_of_its_name(tmp_path):
+    shutil.copy(FIXTURE_DIR / "apps-test.jsonl", tmp_path / "apps_problems.jsonl")
+    config = TasksConfig(train_set="apps", train_path=str(tmp_path / "apps_problems.jsonl"), train_split="apps_problems",
+                         eval_set="synthetic", eval_split="heldout")
+    train, _ = load_tasks(config)
+    assert [t.id for t in train] == ["apps/apps_problems/4000", "apps/apps_problems/4001", "apps/apps_problems/4002",
+                                     "apps/apps_problems/4003"]
+    with pytest.raises(ValueError, match="no tasks in split 'train'; its splits: apps_problems"):
+        load_tasks(config.model_copy(update={"train_split": "train"}))
 
 
 # --- malformed records: the file, the line and the reason --------------------------------------

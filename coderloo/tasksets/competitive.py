@@ -11,8 +11,9 @@ Each loader reads the records as the Hugging Face datasets publish them:
 
 A path is one file (.jsonl, .jsonl.gz or .parquet) or a directory of them, read in name order.
 A file's split is the first word of its name that names one (train, test, valid or validation:
-`train-00000-of-00039-e991a271dbfa9925.parquet` is train, `apps-test.jsonl` test); every
-LiveCodeBench problem is in the test split. A malformed record raises TaskFileError naming the
+`train-00000-of-00039-e991a271dbfa9925.parquet` is train, `apps-test.jsonl` test), else the
+file's own name (`problems.jsonl` is the split `problems`); every LiveCodeBench problem is in the
+test split. A malformed record raises TaskFileError naming the
 file and line (a Parquet file: its row, from 0) and the reason.
 
 Tests are stdin/stdout cases, or call cases where the record names a function (APPS and TACO
@@ -127,12 +128,12 @@ def data_files(path: Path) -> list[Path]:
 
 
 def split_of(path: Path) -> str:
-    """The split a file's name names: its first word that is train, test, valid or validation."""
+    """The split a file's name names: its first word that is train, test, valid or validation. A
+    file whose name names none is a split of its own, named by the file (problems.jsonl.gz: problems)."""
     for word in re.split(r"[^a-z]+", path.name.lower()):
         if word in SPLIT_WORDS:
             return SPLIT_WORDS[word]
-    raise TaskFileError(f"{path}: cannot tell the split from the file name; name it after its split, "
-                        "e.g. train.jsonl, test-00000-of-00001.parquet or apps-valid.jsonl")
+    return next(path.name[: -len(suffix)] for suffix in (*DATA_SUFFIXES, "") if path.name.endswith(suffix))
 
 
 def table_records(path: Path) -> Iterator[tuple[str, Any]]:

@@ -8,11 +8,11 @@ from reward_service.tasks import Task
 
 
 def _load(name: str, path: str | None, split: str, synthetic_kinds: list[str], columns: ColumnMapping | None) -> list[Task]:
-    tasks = synthetic_suite(kinds=synthetic_kinds)[split] if name == "synthetic" else load_task_set(name, path, columns)
-    if name != "synthetic":
-        tasks = [t for t in tasks if t.split == split]
+    every = synthetic_suite(kinds=synthetic_kinds) if name == "synthetic" else load_task_set(name, path, columns)
+    splits = every if name == "synthetic" else {t.split: None for t in every}
+    tasks = every.get(split, []) if name == "synthetic" else [t for t in every if t.split == split]
     if not tasks:
-        raise ValueError(f"task set {name!r} has no tasks in split {split!r}")
+        raise ValueError(f"task set {name!r} has no tasks in split {split!r}; its splits: {', '.join(sorted(splits))}")
     return tasks
 
 
