@@ -155,6 +155,24 @@ def test_a_bad_evalplus_file_names_the_line(tmp_path, shared_data):
         load_evalplus(bad, cache_dir=tmp_path)
 
 
+def test_expected_outputs_are_computed_once_into_the_cache_then_read_from_it(tmp_path, shared_data):
+    """The cold path that every machine's first run takes (the suite's runs find the user's cache
+    warm): the canonical solutions run, the outputs are written whole, and the next load reads them."""
+    with gzip.open(shared_data / MBPP_PLUS, "rt") as f:
+        first = tmp_path / "MbppPlus-first.jsonl"
+        first.write_text(f.readline() + f.readline())
+    cache = tmp_path / "cache"
+    computed = load_evalplus(first, plus_limit=3, cache_dir=cache)
+    written = list(cache.iterdir())
+    assert [p.name for p in written] == [f"{file_sha256(first)}-{CODE_DIGEST}.json"]  # no partial file left
+    outputs = json.loads(written[0].read_text())
+    assert sorted(outputs) == ["Mbpp/2", "Mbpp/3"] and {"base", "plus", "base_time", "plus_time"} <= set(outputs["Mbpp/2"])
+    written[0].write_text(json.dumps({**outputs, "Mbpp/2": {**outputs["Mbpp/2"], "base": ["from the cache"] * len(outputs["Mbpp/2"]["base"])}}))
+    again = load_evalplus(first, plus_limit=3, cache_dir=cache)
+    assert [t.id for t in again] == [t.id for t in computed] and again[1] == computed[1]
+    assert again[0] != computed[0] and "from the cache" in json.dumps(again[0].model_dump())
+
+
 def test_mbpp_three_shot_prompt(shared_data):
     tasks = {t.id: t for t in load_eval_set("mbpp", shared_data)}
     assert len(tasks) == 500 and min(int(i.split("/")[1]) for i in tasks) == 11
