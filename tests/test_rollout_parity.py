@@ -1,6 +1,8 @@
 """Weight pushes into real engines: vLLM and transformers agree after each update, and a push
 that cannot complete raises instead of hanging or passing silently."""
 import contextlib
+import os
+import signal
 
 import pytest
 import ray
@@ -149,6 +151,29 @@ def test_a_dead_worker_fails_the_push_by_name(ray_cluster, tiny_model):
             group.push()
         assert group.version == 1
     finally:
+        for actor in (source, *workers):
+            ray.kill(actor)
+
+
+def test_recover_kills_a_stuck_worker_and_catches_its_restart_up(ray_cluster, tiny_model):
+    """A worker that stops answering (SIGSTOP) while the group recovers is killed once, Ray restarts
+    it, and the restarted engine gets the current weights under a new version."""
+    source = ModelSource.remote(str(tiny_model))
+    workers = [RolloutWorker.options(max_restarts=-1).remote(str(tiny_model), "transformers", threads=1) for _ in range(2)]
+    group = RolloutGroup(workers, WeightSyncConfig(timeout_s=30), stuck_timeout_s=5)
+    stuck = None
+    try:
+        group.connect([source])
+        group.push()
+        stuck, _ = ray.get(workers[1].status.remote())
+        os.kill(stuck, signal.SIGSTOP)
+        group.recover()
+        assert group.stuck == 1 and group.version == 2
+        (alive, alive_version), (restarted, restarted_version) = ray.get([w.status.remote() for w in workers])
+        assert restarted != stuck and alive_version == restarted_version == 2
+    finally:
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(stuck, signal.SIGCONT)
         for actor in (source, *workers):
             ray.kill(actor)
 
