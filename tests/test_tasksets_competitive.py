@@ -217,8 +217,8 @@ def test_split_from_the_file_name():
                                               "train-00000-of-00039-e991a271dbfa9925.parquet")] == \
         ["train", "test", "test", "validation", "train"]
     # a file whose name names no split is a split of its own, whatever its name
-    assert [split_of(Path(name)) for name in ("problems.jsonl", "apps_2026.jsonl.gz", "mine.parquet")] == \
-        ["problems", "apps_2026", "mine"]
+    assert [split_of(Path(name)) for name in ("problems.jsonl", "apps_2026.jsonl.gz", "mine.parquet", "rows.json")] == \
+        ["problems", "apps_2026", "mine", "rows"]
 
 
 def test_a_file_of_any_name_loads_as_the_split_of_its_name(tmp_path):

@@ -133,7 +133,7 @@ def split_of(path: Path) -> str:
     for word in re.split(r"[^a-z]+", path.name.lower()):
         if word in SPLIT_WORDS:
             return SPLIT_WORDS[word]
-    return next(path.name[: -len(suffix)] for suffix in (*DATA_SUFFIXES, "") if path.name.endswith(suffix))
+    return next((path.name.removesuffix(suffix) for suffix in DATA_SUFFIXES if path.name.endswith(suffix)), path.stem)
 
 
 def table_records(path: Path) -> Iterator[tuple[str, Any]]:

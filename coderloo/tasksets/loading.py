@@ -8,11 +8,15 @@ from reward_service.tasks import Task
 
 
 def _load(name: str, path: str | None, split: str, synthetic_kinds: list[str], columns: ColumnMapping | None) -> list[Task]:
-    every = synthetic_suite(kinds=synthetic_kinds) if name == "synthetic" else load_task_set(name, path, columns)
-    splits = every if name == "synthetic" else {t.split: None for t in every}
-    tasks = every.get(split, []) if name == "synthetic" else [t for t in every if t.split == split]
+    if name == "synthetic":
+        by_split = synthetic_suite(kinds=synthetic_kinds)
+    else:
+        by_split = {}
+        for task in load_task_set(name, path, columns):
+            by_split.setdefault(task.split, []).append(task)
+    tasks = by_split.get(split, [])
     if not tasks:
-        raise ValueError(f"task set {name!r} has no tasks in split {split!r}; its splits: {', '.join(sorted(splits))}")
+        raise ValueError(f"task set {name!r} has no tasks in split {split!r}; its splits: {', '.join(sorted(by_split))}")
     return tasks
 
 
