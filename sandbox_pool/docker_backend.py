@@ -182,7 +182,7 @@ class DockerBackend:
         recycle = container.runs + 1 >= MAX_RUNS
         try:
             report = await asyncio.wait_for(container.run(request_frames(request)),
-                                            request.limits.wall_timeout_s + ANSWER_MARGIN_S)
+                                            request.effective_limits.wall_timeout_s + ANSWER_MARGIN_S)
             status, detail, tests = classify(report, request)
             recycle = recycle or status in RECYCLE_STATUSES or bool(report.get("anomaly"))
             return ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests,

@@ -538,7 +538,7 @@ def _pool_gauges() -> dict:
 
 def _answer_within(job: _Job) -> float:
     """Seconds a backend takes at most to answer a run of `job` that it has started."""
-    return job.request.limits.wall_timeout_s + ANSWER_MARGIN_S
+    return job.request.effective_limits.wall_timeout_s + ANSWER_MARGIN_S
 
 
 def _cause(error: Exception) -> str:

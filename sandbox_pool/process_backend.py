@@ -74,7 +74,7 @@ class ForkServer:
         """Run `request.program` and its tests in a fresh sandbox forked by this server."""
         started = time.monotonic()
         try:
-            timeout_s = request.limits.wall_timeout_s + ANSWER_MARGIN_S
+            timeout_s = request.effective_limits.wall_timeout_s + ANSWER_MARGIN_S
             report = await self._run(request_frames(request), timeout_s)
             status, detail, tests = classify(report, request)
         except Exception as e:
@@ -195,7 +195,7 @@ async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
 def request_frames(request: ExecutionRequest) -> bytes:
     """The two frames a supervisor reads: what the program may know, then the tests (see supervisor.py)."""
     head = {"language": request.language, "kind": request.test_kind, "program": request.program,
-            "limits": request.limits.model_dump()}
+            "limits": request.effective_limits.model_dump()}
     tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup,
             "entry_point": request.entry_point, "match": request.match.model_dump()}
     return frame(head) + frame(tail)

@@ -1,6 +1,7 @@
 """The sandbox's border types: what to run, under which limits, and what came of it."""
 from __future__ import annotations
 
+import math
 import re
 import time
 from enum import Enum
@@ -29,8 +30,14 @@ class TestOutcome(BaseModel):
 class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    wall_timeout_s: float = Field(5.0, gt=0, description="wall-clock time for the whole run, start-up included")
-    cpu_time_s: int = Field(5, gt=0, description="CPU seconds (RLIMIT_CPU) of each process of the program")
+    wall_timeout_s: float = Field(
+        5.0, gt=0, description="wall-clock time for the whole run, start-up included; with case_timeout_s, each "
+        "stdin/stdout or call case adds its own limit to it, up to max_wall_s"
+    )
+    cpu_time_s: int = Field(
+        5, gt=0, description="CPU seconds (RLIMIT_CPU) of each process of the program; with case_timeout_s, each "
+        "case (its own process, or its call in the one process of call cases) gets at least the case's limit"
+    )
     memory_mb: int = Field(512, gt=0, description="address space (RLIMIT_AS) of each process, in MiB")
     file_size_mb: int = Field(16, gt=0, description="largest file the program may write (RLIMIT_FSIZE), in MiB")
     max_processes: int = Field(
@@ -44,6 +51,10 @@ class Limits(BaseModel):
     case_timeout_s: float | None = Field(
         None, gt=0, description="wall-clock time of one stdin/stdout or call case (a contest's time limit); "
         "None: only the run's wall_timeout_s, which bounds all cases together"
+    )
+    max_wall_s: float = Field(
+        120.0, gt=0, description="the most wall-clock time a run whose cases add their own limits may take, "
+        "however many cases it has: a task cannot hold an executor longer"
     )
 
 
@@ -112,6 +123,21 @@ class ExecutionRequest(BaseModel):
     @property
     def test_kind(self) -> Literal["assert", "stdio", "call"]:
         return test_kind(self.tests)
+
+    @property
+    def effective_limits(self) -> Limits:
+        """The limits the run is held to. With a per-case limit (stdin/stdout and call cases), as a
+        judge gives each case its own: the run's wall-clock limit is the start-up's plus each case's,
+        up to `max_wall_s` (LiveCodeBench's grader allows its cases' limits plus a margin too), and
+        no case's CPU limit is below its time limit."""
+        limits = self.limits
+        if limits.case_timeout_s is None or self.test_kind == "assert":
+            return limits
+        wall = limits.wall_timeout_s + len(self.tests) * limits.case_timeout_s
+        return limits.model_copy(update={
+            "wall_timeout_s": max(limits.wall_timeout_s, min(limits.max_wall_s, wall)),
+            "cpu_time_s": max(limits.cpu_time_s, math.ceil(limits.case_timeout_s)),
+        })
 
     @model_validator(mode="after")
     def _tests_fit_the_language(self) -> "ExecutionRequest":

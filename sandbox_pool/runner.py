@@ -35,11 +35,13 @@ import __future__
 import builtins
 import io
 import json
+import math
 import os
 import resource
 import select
 import socket
 import sys
+import time
 import traceback
 
 from matching import values_match
@@ -140,12 +142,14 @@ def describe(error: BaseException) -> str:
 
 # ---- the program's side ----
 
-def serve_program(program: str, channel: int, lazy_annotations: bool = False) -> None:
+def serve_program(program: str, channel: int, lazy_annotations: bool = False, case_cpu_s: int | None = None) -> None:
     """Run the program, then answer the tester's calls until it hangs up. Ends the process.
 
     `lazy_annotations` (call cases): the program is compiled as under `from __future__ import
     annotations`, so LeetCode's starter signatures (`nums: List[int]`) need no typing import,
-    as the graders that prepend `from typing import *` give them; the source is unchanged."""
+    as the graders that prepend `from typing import *` give them; the source is unchanged.
+    `case_cpu_s` (call cases with a time limit): each call may use that much CPU time of its own,
+    its soft RLIMIT_CPU set that far above what the process has used (SIGXCPU past it)."""
     namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
     objects: list = []  # what references point to
 
@@ -181,6 +185,8 @@ def serve_program(program: str, channel: int, lazy_annotations: bool = False) ->
         try:
             target = objects[message["ref"]]
             if message["op"] == "call":
+                if case_cpu_s:
+                    _allow_cpu(case_cpu_s)
                 value = target(*decode(message["args"], objects.__getitem__),
                                **decode(message["kwargs"], objects.__getitem__))
             elif message["op"] == "setattr":
@@ -195,6 +201,12 @@ def serve_program(program: str, channel: int, lazy_annotations: bool = False) ->
         send_frame(channel, reply)
     flush_output()
     os._exit(0)
+
+
+def _allow_cpu(seconds: int) -> None:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CPU, (min(hard, math.ceil(used.ru_utime + used.ru_stime) + seconds), hard))
 
 
 # ---- stdin/stdout cases: the program's side ----
@@ -334,7 +346,7 @@ class Link:
     def __init__(self, channel: int):
         self.channel = channel
         self.gone = False
-        self.timeout = None  # seconds a call case's call may take; None: until the run's deadline
+        self.deadline = None  # time.monotonic() by which a call case's calls must answer; None: the run's deadline
 
     def out(self, value):
         def handle(obj):
@@ -351,9 +363,10 @@ class Link:
             raise ProgramGone("the program is no longer running")
         try:
             send_frame(self.channel, message)
-            if self.timeout is not None and not select.select([self.channel], [], [], self.timeout)[0]:
-                self.gone = True
-                raise CallTimedOut(f"no answer within {self.timeout:g} s")
+            if self.deadline is not None:
+                if not select.select([self.channel], [], [], max(0.0, self.deadline - time.monotonic()))[0]:
+                    self.gone = True
+                    raise CallTimedOut("no answer within the case time limit")
             reply = read_frame(self.channel)
         except (OSError, EOFError, ValueError) as e:
             self.gone = True
@@ -386,8 +399,10 @@ def names_used(code) -> set:
     return found
 
 
-def run_tests(request: dict, channel: int) -> dict:
-    """The tester: run the tests against the program over `channel`; the verdict record."""
+def run_tests(request: dict, channel: int, ended) -> dict:
+    """The tester: run the tests against the program over `channel`, each test's outcome passed to
+    `ended` as soon as it is known (what the tester finished counts even if the run's deadline
+    ends it); the run's end record, {"load", "lost"}."""
     link = Link(channel)
     calls = request["kind"] == "call"
     compiled, wanted = [], set()
@@ -411,9 +426,9 @@ def run_tests(request: dict, channel: int) -> dict:
         if status not in ("ok", "syntax_error", "runtime_error", "memory_exceeded"):
             raise ValueError(status)
     except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
-        return {"load": {"status": "lost", "detail": describe(e)}, "tests": [], "lost": True}
+        return {"load": {"status": "lost", "detail": describe(e)}, "lost": True}
     if status != "ok":
-        return {"load": {"status": status, "detail": str(load.get("detail", ""))[:ERROR_CHARS]}, "tests": [], "lost": False}
+        return {"load": {"status": status, "detail": str(load.get("detail", ""))[:ERROR_CHARS]}, "lost": False}
     namespace = {"__name__": "__tests__", "__builtins__": builtins}
     for name, data in names.items():
         if name not in wanted:
@@ -426,37 +441,35 @@ def run_tests(request: dict, channel: int) -> dict:
         except Exception:
             pass  # a name the tests cannot use; they fail on it if they need it
     if calls:
-        outcomes = run_calls(request, namespace, link)
+        timed_out = run_calls(request, namespace, link, ended)
         # A call that overstayed its limit leaves the link unusable, by the tester's choice: not lost.
-        lost = link.gone and not any(o.get("timeout") for o in outcomes)
-        return {"load": {"status": "ok", "detail": ""}, "tests": outcomes, "lost": lost}
+        return {"load": {"status": "ok", "detail": ""}, "lost": link.gone and not timed_out}
     setup, tests = compiled[0], compiled[1:]
     error = execute(setup, namespace)
     if error is not None:
         detail = ("the test setup raised " + describe(error))[:ERROR_CHARS]
         status = "lost" if link.gone else "runtime_error"
-        return {"load": {"status": status, "detail": detail}, "tests": [], "lost": link.gone}
-    outcomes = []
+        return {"load": {"status": status, "detail": detail}, "lost": link.gone}
     for test in tests:
         error = execute(test, namespace)
-        outcomes.append({"passed": error is None, "error": None if error is None else describe(error),
-                         "memory": isinstance(error, MemoryError)})
-    return {"load": {"status": "ok", "detail": ""}, "tests": outcomes, "lost": link.gone}
+        ended({"passed": error is None, "error": None if error is None else describe(error),
+               "memory": isinstance(error, MemoryError)})
+    return {"load": {"status": "ok", "detail": ""}, "lost": link.gone}
 
 
-def run_calls(request: dict, namespace: dict, link: "Link") -> list:
+def run_calls(request: dict, namespace: dict, link: "Link", ended) -> bool:
     """Call cases: the entry point (a top-level function of the program, else a method of a fresh
     `Solution()` per case, as LeetCode's judge does), each case's arguments in, a plain value out,
-    compared here with the accepted values. A case whose call does not answer within the case
-    time limit ends the cases: the program is still in that call, so the rest are not run."""
+    compared here with the accepted values, each outcome passed to `ended`. A case whose calls do
+    not answer within the case time limit ends the cases: the program is still in that call, so the
+    rest are not run. Whether one did."""
     name, match = request["entry_point"], request["match"]
     timeout = request["case_timeout_s"]
-    outcomes = []
-    for case in request["tests"]:
+    for i, case in enumerate(request["tests"]):
         if link.gone:
-            outcomes.append({"passed": False, "error": "not run: the program stopped answering", "memory": False})
+            ended({"passed": False, "error": "not run: the program stopped answering", "memory": False})
             continue
-        link.timeout = timeout
+        link.deadline = None if timeout is None else time.monotonic() + timeout
         try:
             if name in namespace:
                 target = namespace[name]
@@ -469,16 +482,15 @@ def run_calls(request: dict, namespace: dict, link: "Link") -> list:
             error = None if passed else f"wrong result: {_shown(got)}"
             memory = False
         except CallTimedOut:
-            outcomes.append({"passed": False, "error": f"exceeded the case time limit of {timeout:g} s",
-                             "memory": False, "timeout": True})
-            left = len(request["tests"]) - len(outcomes)
-            outcomes += [{"passed": False, "error": "not run: an earlier case exceeded its time limit",
-                          "memory": False}] * left
-            break
+            ended({"passed": False, "error": f"exceeded the case time limit of {timeout:g} s", "memory": False,
+                   "timeout": True})
+            for _ in request["tests"][i + 1:]:
+                ended({"passed": False, "error": "not run: an earlier case exceeded its time limit", "memory": False})
+            return True
         except BaseException as e:
             passed, error, memory = False, describe(e), isinstance(e, MemoryError)
-        outcomes.append({"passed": passed, "error": error, "memory": memory})
-    return outcomes
+        ended({"passed": passed, "error": error, "memory": memory})
+    return False
 
 
 def _shown(value) -> str:

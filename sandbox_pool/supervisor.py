@@ -39,6 +39,7 @@ empties /tmp and /dev/shm; the container's memory cgroup is the evidence of an o
 """
 import fcntl
 import json
+import math
 import os
 import resource
 import select
@@ -154,7 +155,12 @@ class Run:
         record_r, record_w = os.pipe()
         self.enter_run_namespaces()
         calls = self.head.get("kind") == "call"
-        program_body = lambda: runner.serve_program(self.head["program"], 3, lazy_annotations=calls)  # noqa: E731
+        # Call cases: one process answers every call, so each call gets its own CPU limit (the
+        # soft RLIMIT_CPU moved up before it) under a hard limit the whole run's wall time bounds.
+        case_cpu_s = self.limits["cpu_time_s"] if calls and self.limits.get("case_timeout_s") else None
+        cpu_hard = max(case_cpu_s, math.ceil(self.limits["wall_timeout_s"])) + 1 if case_cpu_s else None
+        program_body = lambda: runner.serve_program(self.head["program"], 3, lazy_annotations=calls,  # noqa: E731
+                                                     case_cpu_s=case_cpu_s)
         if self.iso.root:
             # One PID namespace for the run, whose /proc the tester mounts at the root's (in the
             # run's mount namespace): the tester is its init (never in the run's cgroups: the
@@ -163,10 +169,11 @@ class Run:
             # program left behind, with the tester.
             tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w),
                                new_pid_namespace=True, with_init=False)
-            program = self.fork_into(tester, lambda: self.become_sandbox(channel.fileno(), program_body, own_proc=False))
+            program = self.fork_into(tester, lambda: self.become_sandbox(channel.fileno(), program_body, own_proc=False,
+                                                                          cpu_hard=cpu_hard))
         else:
             tester = self.fork(lambda: self.become_tester(channel_theirs.fileno(), tests_r, record_w))
-            program = self.fork(lambda: self.become_sandbox(channel.fileno(), program_body),
+            program = self.fork(lambda: self.become_sandbox(channel.fileno(), program_body, cpu_hard=cpu_hard),
                                 new_pid_namespace=self.iso.pid_namespace)
         os.close(tests_r)
         os.close(record_w)
@@ -184,12 +191,7 @@ class Run:
         watched = self.watch({program: "program", tester: "tester"}, until="tester", records=[record_r])
         if watched is None:
             return None
-        record = watched["records"][record_r]
-        try:
-            verdict = (split_frame(record) or (None,))[0]  # None: the tester ended before its record was whole
-        except ValueError:  # not JSON
-            verdict = None
-        report = self.report(watched, tester=verdict)
+        report = self.report(watched, tester=tester_verdict(watched["records"][record_r]))
         report["tester_process"] = watched["processes"].get("tester")
         return report
 
@@ -367,8 +369,9 @@ class Run:
         self.output = {self.stdout: b"", self.stderr: b""}
         self.output_bytes = 0
 
-    def common_setup(self, uid: int, gid: int, keep: dict, memory_mb: int, processes: int) -> None:
-        """dup2 `keep` (target fd -> source fd) into place, rlimits, the uid, the death signal, no other fds."""
+    def common_setup(self, uid: int, gid: int, keep: dict, memory_mb: int, processes: int, cpu_hard: int | None = None) -> None:
+        """dup2 `keep` (target fd -> source fd) into place, rlimits, the uid, the death signal, no
+        other fds. `cpu_hard`: a hard CPU limit above the soft one's second of margin."""
         null = os.open("/dev/null", os.O_RDWR)
         keep = {0: null, **keep}
         supervisor = fcntl.fcntl(self.supervisor, fcntl.F_DUPFD, 64)  # the shuffle below may reuse its number
@@ -382,7 +385,7 @@ class Run:
         for which, value in [
             # SIGXCPU at the soft limit, the kernel's SIGKILL at the hard one (for a program that
             # ignores SIGXCPU). A second of margin tells that kill apart from others by CPU used.
-            (resource.RLIMIT_CPU, (limits["cpu_time_s"], limits["cpu_time_s"] + 1)),
+            (resource.RLIMIT_CPU, (limits["cpu_time_s"], cpu_hard or limits["cpu_time_s"] + 1)),
             (resource.RLIMIT_AS, (memory_mb * 2**20,) * 2),
             (resource.RLIMIT_FSIZE, (limits["file_size_mb"] * 2**20,) * 2),
             (resource.RLIMIT_NPROC, (processes,) * 2),
@@ -413,12 +416,12 @@ class Run:
         self.common_setup(TESTER_UID, TESTER_GID, {1: self.stdout_w, 2: self.stderr_w, 3: channel, 4: tests_r, 5: record_w},
                           max(256, self.limits["memory_mb"]), 16)
         request = read_frame(4)
-        record = runner.run_tests(request, 3)
+        record = runner.run_tests(request, 3, lambda outcome: send_frame(5, {"test": outcome}))
         runner.flush_output()
         send_frame(5, record)
         os._exit(0)
 
-    def become_sandbox(self, channel, body, stdin=None, compile=False, own_proc=True, memory_mb=None) -> None:
+    def become_sandbox(self, channel, body, stdin=None, compile=False, own_proc=True, memory_mb=None, cpu_hard=None) -> None:
         """`own_proc`: the first process of its PID namespace, which mounts its /proc (C++); the
         Python program joins the tester's namespace, whose /proc the tester mounts."""
         for path in self.cgroups:  # before the uid change: joining needs root
@@ -439,7 +442,7 @@ class Run:
         if memory_mb is None:
             memory_mb = max(COMPILE_MEMORY_MB, self.limits["memory_mb"]) if compile else self.limits["memory_mb"]
         processes = SHARED_NPROC if self.iso.run_bounds_processes else self.limits["max_processes"]
-        self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, processes)
+        self.common_setup(SANDBOX_UID, SANDBOX_GID, keep, memory_mb, processes, cpu_hard)
         body()
 
     # ---- the run's namespaces, cgroups and scratch space ----
@@ -598,6 +601,28 @@ class Run:
             "stdout": self.output[self.stdout][-self.tail_bytes:].decode("utf-8", "replace"),
             "stderr": self.output[self.stderr][-self.tail_bytes:].decode("utf-8", "replace"),
         }
+
+
+def tester_verdict(record: bytes) -> dict | None:
+    """The tester's verdict from what it wrote: a frame per test as each ended, then the run's end
+    ({"load", "lost"}). A tester ended before its last frame (the run's deadline) still leaves the
+    tests it finished, marked `cut`; None: it wrote nothing readable."""
+    tests, end = [], None
+    try:
+        while (got := split_frame(record)) is not None:
+            value, record = got
+            if not isinstance(value, dict):
+                return None
+            if "test" in value:
+                tests.append(value["test"])
+            else:
+                end = value
+                break
+    except ValueError:  # not JSON
+        return None
+    if end is not None:
+        return {**end, "tests": tests}
+    return {"load": {"status": "ok", "detail": ""}, "tests": tests, "lost": False, "cut": True} if tests else None
 
 
 HUNG_UP = object()  # the client hung up: the run is abandoned and answers nothing

@@ -19,7 +19,7 @@ def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list
         return Status.infra_error, "a process of the program outlived the run", []
     if "cases" in report:
         return _cases(report, request)
-    limits = request.limits
+    limits = request.effective_limits
     if report["output_exceeded"]:
         return Status.runtime_error, f"the program wrote more than {limits.output_mb} MiB of output", []
     if request.language in ("cpp", "javascript"):
@@ -35,6 +35,12 @@ def classify(report: dict, request: ExecutionRequest) -> tuple[Status, str, list
         return Status(load["status"]), load["detail"], []
     if load["status"] == "lost" or tester["lost"]:
         return _ended(report, limits, tests)  # the program's process ended before the tests did
+    if tester.get("cut"):  # the run's deadline ended the tester: what it finished stands, the rest did not run
+        if not report["timed_out"] or len(tests) > len(request.tests):
+            return Status.infra_error, "the tester ended without a verdict", []
+        tests += [TestOutcome(passed=False, error="not run: the run's wall-clock limit ended first")] * (
+            len(request.tests) - len(tests))
+        return _ended(report, limits, tests)
     if len(tests) != len(request.tests):
         return Status.infra_error, f"the tester reported {len(tests)} of {len(request.tests)} tests", []
     if all(t.passed for t in tests):
@@ -63,7 +69,7 @@ def _cases(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[T
     if load["status"] == "syntax_error":
         return Status.syntax_error, load["detail"], []
     if load["status"] != "ok":
-        return _ended(report, request.limits, [])
+        return _ended(report, request.effective_limits, [])
     return _judged(report["cases"], report, request)
 
 
@@ -91,14 +97,14 @@ def _judged(cases: list, report: dict, request: ExecutionRequest) -> tuple[Statu
 def _executable(report: dict, request: ExecutionRequest) -> tuple[Status, str, list[TestOutcome]]:
     if report.get("compile_failed"):
         if report["timed_out"] or (report["program"] or {}).get("signal") is not None:
-            return _ended(report, request.limits, [])
+            return _ended(report, request.effective_limits, [])
         lines = report["stderr"].strip().splitlines()
         errors = [line for line in lines if "error" in line.lower()] or lines
         what = "compilation failed" if request.language == "cpp" else "the program does not parse"
         return Status.syntax_error, f"{what}: " + (errors[0] if errors else "no message"), []
     if report["oom_killed"]:
         tests = [TestOutcome(passed=t["passed"], error=t["error"]) for t in report["case_tests"]]
-        return _ended(report, request.limits, tests)
+        return _ended(report, request.effective_limits, tests)
     return _judged(report["case_tests"], report, request)
 
 

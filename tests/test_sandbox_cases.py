@@ -52,11 +52,67 @@ def test_each_case_has_its_own_time_limit_within_the_runs(sandbox):
     cases = [SUM_CASES[3]] + SUM_CASES[:3]  # the slow case first: the others still run and pass
     result = run(sandbox, slow_on_big, cases, case_timeout_s=0.5)
     assert [t.passed for t in result.tests] == [False, True, True, True]
-    # The run's own limit bounds them all: the cases it leaves are reported as not run.
-    result = run(sandbox, "import time\ntime.sleep(0.6)\n" + SUM, SUM_CASES * 3, case_timeout_s=1.0, wall_timeout_s=2.0)
+    # The run's ceiling bounds them all, however many: the cases it leaves are reported as not run.
+    result = run(sandbox, "import time\ntime.sleep(0.6)\n" + SUM, SUM_CASES * 3, case_timeout_s=1.0, wall_timeout_s=1.0,
+                 max_wall_s=2.0)
     assert result.status is Status.timeout
     assert len(result.tests) == 12 and not any(t.passed for t in result.tests[4:])
     assert any((t.error or "").startswith("not run") for t in result.tests)
+
+
+def test_a_runs_limits_follow_from_its_cases():
+    cases = SUM_CASES * 2
+    stdio = ExecutionRequest(program=SUM, tests=cases, limits=Limits(wall_timeout_s=2.0, cpu_time_s=1, case_timeout_s=1.5))
+    assert stdio.effective_limits.wall_timeout_s == 2.0 + 8 * 1.5  # the start-up's, then each case's
+    assert stdio.effective_limits.cpu_time_s == 2  # never below a case's own time limit
+    many = ExecutionRequest(program=SUM, tests=cases * 100, limits=Limits(case_timeout_s=1.5))
+    assert many.effective_limits.wall_timeout_s == Limits().max_wall_s
+    asserts = ExecutionRequest(program=SUM, tests=["assert True"], limits=Limits(case_timeout_s=1.5))
+    assert asserts.effective_limits == asserts.limits  # statements have no per-case limit
+    assert ExecutionRequest(program=SUM, tests=cases).effective_limits == Limits()
+
+
+NEAR_THE_LIMIT = dict(case_timeout_s=1.0, wall_timeout_s=2.0)  # 6 cases of 0.6 s: 3.6 s, past the run's start-up limit
+
+
+def test_cases_near_their_limit_pass_together(sandbox):
+    """A correct program whose cases each take most of their time limit passes, however the cases add
+    up (a contest judge's per-case limit): Python stdin/stdout and call cases, C++ and JavaScript."""
+    cases = [IOTest(stdin=f"{i} 1\n", stdout=f"{i + 1}\n") for i in range(6)]
+    calls = [CallTest(args=[i, 1], accepted=[i + 1]) for i in range(6)]
+    programs = [
+        ("import time\ntime.sleep(0.6)\n" + SUM, cases, "python", None),
+        ("import time\ndef add(a, b):\n    time.sleep(0.6)\n    return a + b\n", calls, "python", "add"),
+        ("#include <cstdio>\n#include <unistd.h>\nint main(){long a,b;scanf(\"%ld %ld\",&a,&b);usleep(600000);"
+         "printf(\"%ld\\n\",a+b);}\n", cases, "cpp", None),
+        ("function add(a, b) { const end = Date.now() + 600; while (Date.now() < end) {} return a + b; }\n", calls,
+         "javascript", "add"),
+    ]
+    for program, tests, language, entry_point in programs:
+        limits = NEAR_THE_LIMIT if language == "python" else dict(NEAR_THE_LIMIT, wall_timeout_s=20.0, case_timeout_s=2.0)
+        result = run(sandbox, program, tests, language=language, entry_point=entry_point, **limits)
+        assert result.status is Status.passed, (language, result.detail)
+
+
+def test_each_call_case_has_its_own_cpu_limit(sandbox):
+    """Call cases run in one process: each call gets CPU time of its own, not a share of the run's."""
+    burn = "import time\ndef add(a, b):\n    start = time.process_time()\n" \
+           "    while time.process_time() - start < 0.5:\n        pass\n    return a + b\n"
+    calls = [CallTest(args=[i, 1], accepted=[i + 1]) for i in range(6)]  # 3 s of CPU in all
+    result = run(sandbox, burn, calls, entry_point="add", cpu_time_s=1, case_timeout_s=2.0)
+    assert result.status is Status.passed, result.detail
+    spin = "def add(a, b):\n    if a:\n        while True:\n            pass\n    return a + b\n"
+    result = run(sandbox, spin, calls[:3], entry_point="add", cpu_time_s=1, case_timeout_s=2.0)
+    assert result.status is Status.timeout and [t.passed for t in result.tests] == [True, False, False], result.detail
+
+
+def test_a_call_case_cut_by_the_runs_limit_leaves_the_finished_ones_their_credit(sandbox):
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.3 if a < 10 else 30)\n    return a + b\n"
+    calls = [CallTest(args=[1, 1], accepted=[2]), CallTest(args=[2, 1], accepted=[3]), CallTest(args=[10, 1], accepted=[11])]
+    result = run(sandbox, slow, calls, entry_point="add", case_timeout_s=10.0, wall_timeout_s=2.0, max_wall_s=3.0)
+    assert result.status is Status.timeout, result.detail
+    assert [t.passed for t in result.tests] == [True, True, False]
+    assert result.tests[2].error == "not run: the run's wall-clock limit ended first"
 
 
 def test_hundreds_of_cases_run_in_one_run(sandbox):
