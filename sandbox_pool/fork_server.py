@@ -1,7 +1,9 @@
 """The fork server: one long-lived process that forks a supervisor for every run. Standard library
-only. process_backend starts it, as root, as
-
-    python -I -S fork_server.py CONTROL_FD WORK_ROOT
+only. process_backend starts it, as root, from this folder, by the name the executor image gives
+it (process_backend.BOOT: `python -I -S -c BOOT CONTROL_FD WORK_ROOT`), and it loads its siblings
+by theirs (/sandbox/NAME.py): what a program can read of the process it was forked from (its
+modules' and frames' file names) names no path of the host. `python -I -S fork_server.py
+CONTROL_FD WORK_ROOT` runs it too, under its own paths.
 
 At start it sets up its isolation once (isolation.py): a network namespace that every sandbox
 inherits, so none has a network at no cost per run, and what else the machine allows (PID and
@@ -24,6 +26,7 @@ The supervisor reads the request from its socket (two frames), answers with one 
 and should the executor hang up first, kills the run and answers nothing.
 """
 import gc
+import importlib.util
 import json
 import os
 import signal
@@ -31,15 +34,41 @@ import socket
 import struct
 import sys
 
-# -I leaves this folder out of sys.path; put it back for these imports only, so that programs
-# cannot import the sandbox's modules by accident.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+class Siblings:
+    """The sandbox's scripts in `folder`, imported as /sandbox/NAME.py, during this module's imports
+    only (-I leaves the folder out of sys.path, so programs cannot import them by accident)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or not os.path.isfile(os.path.join(self.folder, name + ".py")):
+            return None
+        spec = importlib.util.spec_from_loader(name, self, origin=f"/sandbox/{name}.py")
+        spec.has_location = True  # (its __file__)
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        module.FOLDER = self.folder  # for the files it reads beside it (a module pops it)
+        with open(os.path.join(self.folder, module.__name__ + ".py")) as f:
+            exec(compile(f.read(), module.__spec__.origin, "exec"), module.__dict__)
+        module.__dict__.pop("FOLDER", None)
+
+
+_siblings = Siblings(os.getcwd() if __file__ == "/sandbox/fork_server.py" else os.path.dirname(os.path.abspath(__file__)))
+sys.meta_path.insert(0, _siblings)
 import confine  # noqa: E402
 import isolation  # noqa: E402
 import supervisor  # noqa: E402
 from protocol import send_frame  # noqa: E402
 
-del sys.path[0]
+sys.meta_path.remove(_siblings)
+del _siblings
+os.chdir("/")
 
 SOCKET_TIMEOUT_S = 30  # for the executor to send the request
 

@@ -18,6 +18,30 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
 
+def _argv_area() -> tuple[int, int] | None:
+    """Where this process's command line lies in its memory (/proc/self/stat's arg_start and
+    arg_end): what /proc/PID/cmdline shows, the same in every fork of it."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return int(fields[45]), int(fields[46])  # fields 48 and 49, counted from the pid's 1
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+ARGV_AREA = _argv_area()  # read at start, while /proc is the host's
+
+
+def set_command_line(args: list[str]) -> None:
+    """Make /proc/self/cmdline read `args` (and NULs to the old one's length): a forked process
+    shows its own command line, not the server's it was forked from. Too long an `args` is cut."""
+    if ARGV_AREA is None:
+        return
+    start, end = ARGV_AREA
+    data = b"\0".join(arg.encode() for arg in args)[: end - start - 1]
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
+
 def check(result: int, what: str) -> None:
     if result != 0:
         error = ctypes.get_errno()

@@ -37,7 +37,10 @@ from sandbox_pool.protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, frame, 
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
 from sandbox_pool.verdict import classify
 
-FORK_SERVER = str(Path(__file__).with_name("fork_server.py"))
+# The fork server by the name the executor image gives it, run from its folder (fork_server.py).
+SCRIPTS = str(Path(__file__).parent)
+BOOT = ("exec(compile(open('fork_server.py').read(), '/sandbox/fork_server.py', 'exec'), "
+        "{'__name__': '__main__', '__file__': '/sandbox/fork_server.py'})")
 # How long past its wall-clock limit a run may go unanswered before it counts as lost: the
 # supervisor needs a moment to kill, drain and clean up, and a fresh server to start.
 ANSWER_MARGIN_S = 10.0
@@ -159,9 +162,9 @@ class ForkServer:
         try:
             interpreter = self.interpreter or sandbox_interpreter()
             process = subprocess.Popen(
-                [interpreter, "-I", "-S", FORK_SERVER, str(theirs.fileno()), tempfile.gettempdir()],
+                [interpreter, "-I", "-S", "-c", BOOT, str(theirs.fileno()), tempfile.gettempdir()],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                pass_fds=(theirs.fileno(),), cwd="/", env=SANDBOX_ENV,
+                pass_fds=(theirs.fileno(),), cwd=SCRIPTS, env=SANDBOX_ENV,
                 start_new_session=True,  # out of reach of a Ctrl-C meant for us
             )
         except BaseException:

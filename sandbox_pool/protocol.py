@@ -15,6 +15,10 @@ SANDBOX_UID = SANDBOX_GID = 65534  # "nobody": the program
 TESTER_UID = TESTER_GID = 65533  # the tests: a uid the program cannot signal, trace or read
 # Not the host's environment: it may hold credentials.
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# What a Python program sees as its command line (sys.argv, /proc/self/cmdline): its own name, the
+# one its tracebacks give, and nothing of the sandbox's processes it was forked from.
+PROGRAM_NAME = "<program>"
+PROGRAM_COMMAND = ["python3", PROGRAM_NAME]
 MAX_FRAME_BYTES = 64 * 2**20  # the most `read_frame` takes: a call's arguments or result, encoded
 
 
@@ -34,7 +38,10 @@ def split_frame(buffer: bytes):
 
 
 def send_frame(fd: int, obj) -> None:
-    data = frame(obj)
+    write_all(fd, frame(obj))
+
+
+def write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data) :]
 

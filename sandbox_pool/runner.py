@@ -342,11 +342,26 @@ class CallTimedOut(ProgramGone):
     """A call case's call did not answer within the case time limit."""
 
 
+# Tests' outcomes are sent in a batch, at the end or as soon as the program takes this long to
+# answer: a run its deadline ends keeps what was finished, and quick tests cost no write each.
+SEND_AFTER_S = 0.02
+
+
 class Link:
-    def __init__(self, channel: int):
+    def __init__(self, channel: int, send=None):
         self.channel = channel
         self.gone = False
         self.deadline = None  # time.monotonic() by which a call case's calls must answer; None: the run's deadline
+        self.send = send  # send(outcomes): the tests' outcomes not sent yet, out to the supervisor
+        self.unsent: list = []
+
+    def ended(self, outcome: dict) -> None:
+        self.unsent.append(outcome)
+
+    def send_unsent(self) -> None:
+        if self.unsent and self.send is not None:
+            self.send(self.unsent)
+            self.unsent = []
 
     def out(self, value):
         def handle(obj):
@@ -363,6 +378,8 @@ class Link:
             raise ProgramGone("the program is no longer running")
         try:
             send_frame(self.channel, message)
+            if self.unsent and not select.select([self.channel], [], [], SEND_AFTER_S)[0]:
+                self.send_unsent()
             if self.deadline is not None:
                 if not select.select([self.channel], [], [], max(0.0, self.deadline - time.monotonic()))[0]:
                     self.gone = True
@@ -399,11 +416,19 @@ def names_used(code) -> set:
     return found
 
 
-def run_tests(request: dict, channel: int, ended) -> dict:
-    """The tester: run the tests against the program over `channel`, each test's outcome passed to
-    `ended` as soon as it is known (what the tester finished counts even if the run's deadline
-    ends it); the run's end record, {"load", "lost"}."""
-    link = Link(channel)
+def run_tests(request: dict, channel: int, send) -> dict:
+    """The tester: run the tests against the program over `channel`, their outcomes passed to
+    `send(outcomes)` in order, at the latest when the program is slow to answer (what the tester
+    finished counts even if the run's deadline ends it); the run's end record, {"load", "lost"}."""
+    link = Link(channel, send)
+    try:
+        return _run_tests(request, link)
+    finally:
+        link.send_unsent()
+
+
+def _run_tests(request: dict, link: "Link") -> dict:
+    ended = link.ended
     calls = request["kind"] == "call"
     compiled, wanted = [], set()
     sources = [request["test_setup"]] + ([] if calls else request["tests"])
@@ -419,8 +444,8 @@ def run_tests(request: dict, channel: int, ended) -> dict:
     # a builtin stays the tester's, except the name under test (module docstring)
     wanted = {name for name in wanted if not hasattr(builtins, name) or name == request.get("entry_point")}
     try:
-        send_frame(channel, {"names": sorted(wanted)})
-        hello = read_frame(channel)
+        send_frame(link.channel, {"names": sorted(wanted)})
+        hello = read_frame(link.channel)
         load, names = hello["load"], hello["names"]
         status = str(load["status"])
         if status not in ("ok", "syntax_error", "runtime_error", "memory_exceeded"):

@@ -46,6 +46,7 @@ import select
 import shutil
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 
@@ -55,9 +56,12 @@ from confine import CLONE_NEWNS, CLONE_NEWPID
 from judge import CPP_STDOUT_MAX_BYTES, CaseSeen, judge_case
 from kernel import (
     MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_PDEATHSIG, SandboxKiller, check, enter_root, fork_new_pid_namespace,
-    kill_all_of, libc, oom_kills, processes_of, remove, write,
+    kill_all_of, libc, oom_kills, processes_of, remove, set_command_line, write,
 )
-from protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, read_frame, send_frame, split_frame
+from protocol import (
+    PROGRAM_COMMAND, PROGRAM_NAME, SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, frame, read_frame,
+    send_frame, split_frame, write_all,
+)
 from wait import Wait
 
 CXX = ["g++", "-std=c++17", "-O1", "-pipe", "-o", "prog", "prog.cpp"]
@@ -66,8 +70,11 @@ COMPILE_MEMORY_MB = 1024  # cc1plus needs more address space than most programs
 # RLIMIT_AS. Its heap is bounded by --max-old-space-size at the task's memory limit instead, and
 # (where there is one) by the run's memory cgroup.
 NODE_MEMORY_MB = 2048
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_harness.js")) as _f:
+# This file's folder: the fork server's loader says where it is (it names us /sandbox/supervisor.py).
+_folder = globals().pop("FOLDER", None) or os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(_folder, "call_harness.js")) as _f:
     CALL_HARNESS = _f.read()
+del _folder
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 DEFAULT_MATCH = {"mode": "tokens", "float_tolerance": 1e-6}  # results.OutputMatch's defaults
 # RLIMIT_NPROC counts every process of a uid, so concurrent runs share it: one run's fork bomb
@@ -416,7 +423,7 @@ class Run:
         self.common_setup(TESTER_UID, TESTER_GID, {1: self.stdout_w, 2: self.stderr_w, 3: channel, 4: tests_r, 5: record_w},
                           max(256, self.limits["memory_mb"]), 16)
         request = read_frame(4)
-        record = runner.run_tests(request, 3, lambda outcome: send_frame(5, {"test": outcome}))
+        record = runner.run_tests(request, 3, lambda outcomes: write_all(5, b"".join(frame({"test": o}) for o in outcomes)))
         runner.flush_output()
         send_frame(5, record)
         os._exit(0)
@@ -434,6 +441,9 @@ class Run:
         os.chdir(self.workdir)
         os.environ.clear()
         os.environ.update(SANDBOX_ENV, HOME=self.workdir, TMPDIR=self.workdir)
+        # A Python program runs in this process (the others exec): its command line is its own.
+        sys.argv, sys.orig_argv = [PROGRAM_NAME], list(PROGRAM_COMMAND)
+        set_command_line(PROGRAM_COMMAND)
         keep = {1: self.stdout_w, 2: self.stderr_w}
         if stdin is not None:
             keep[0] = stdin

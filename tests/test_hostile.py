@@ -857,5 +857,50 @@ def test_the_backend_is_healthy_and_nothing_leaked(suite):
         assert checks["recycled"] >= 1  # timeouts and memory kills replace their containers
 
 
+SEES = r"""
+import json, os, sys
+def seen():
+    with open('/proc/self/cmdline', 'rb') as f:
+        cmdline = f.read().rstrip(b'\0').decode().split('\0')
+    frames, frame = [], sys._getframe()
+    while frame is not None:
+        frames.append(frame.f_code.co_filename)
+        frame = frame.f_back
+    stdlib = sys.base_prefix + '/lib/'
+    files = sorted({m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)} - {None})
+    return json.dumps({"argv": sys.argv, "orig_argv": sys.orig_argv, "cmdline": cmdline, "env": dict(os.environ),
+                       "cwd": os.getcwd(), "frames": sorted(set(frames)), "files": [f for f in files if not f.startswith(stdlib)]})
+"""
+
+
+def test_a_program_sees_only_its_own_name_and_nothing_of_the_host(sandbox):
+    """What a program reads of its own process (its arguments, command line, environment, working
+    directory, the file names of the modules and frames it can reach) names no path of the host or
+    of this checkout: Python asserts, stdin/stdout and call cases, and JavaScript, on both backends."""
+    from sandbox_pool import CallTest, IOTest
+
+    limits = Limits(output_tail_kb=64)
+    requests = [
+        ExecutionRequest(program=SEES + "print(seen())\n", tests=["assert True"], limits=limits),
+        ExecutionRequest(program=SEES + "print(seen())\nimport sys\nsys.exit(1)\n", tests=[IOTest(stdout="")], limits=limits),
+        ExecutionRequest(program=SEES + "def f():\n    print(seen())\n    return 0\n", tests=[CallTest(args=[], accepted=[1])],
+                         entry_point="f", limits=limits),
+    ]
+    for result in sandbox[1](requests):
+        seen = json.loads(result.stdout.strip().splitlines()[-1])
+        text = json.dumps(seen)
+        assert str(ROOT) not in text and "sandbox_pool" not in text, (sandbox[0], text)
+        assert seen["argv"] == ["<program>"] and seen["orig_argv"] == seen["cmdline"] == ["python3", "<program>"], seen
+        assert set(seen["env"]) == {"PATH", "LANG", "HOME", "TMPDIR"} and seen["env"]["HOME"] == seen["cwd"], seen
+        assert all(name in ("<program>", "<string>") or name.startswith("/sandbox/") for name in seen["frames"]), seen
+        assert all(name.startswith("/sandbox/") for name in seen["files"]), seen
+    node = "const fs = require('fs');\nconsole.log(JSON.stringify({argv: process.argv, env: process.env, cwd: process.cwd(), " \
+           "cmdline: fs.readFileSync('/proc/self/cmdline', 'latin1')}));\n"
+    result, = sandbox[1]([ExecutionRequest(program=node, tests=[IOTest(stdout="")], language="javascript",
+                                            limits=Limits(output_tail_kb=64, wall_timeout_s=30.0))])
+    seen = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else json.loads(result.tests[0].error)
+    assert str(ROOT) not in json.dumps(seen) and set(seen["env"]) <= {"PATH", "LANG", "HOME", "TMPDIR"}, seen
+
+
 if __name__ == "__main__":
     child(sys.argv[1], sys.argv[2])

@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Limits, PoolSettings, SandboxPool, Status
-from sandbox_pool.process_backend import FORK_SERVER
+from sandbox_pool.process_backend import BOOT
 
 SANDBOX_UID = 65534
 SERVER = ForkServer()  # one warm server for the tests that need no server of their own
@@ -388,7 +388,7 @@ def fork_servers_of_this_process() -> set[int]:
     found = set()
     for p in psutil.Process().children():
         with contextlib.suppress(psutil.Error):  # it may end while we look
-            if p.status() != psutil.STATUS_ZOMBIE and FORK_SERVER in p.cmdline():
+            if p.status() != psutil.STATUS_ZOMBIE and BOOT in p.cmdline():
                 found.add(p.pid)
     return found
 
@@ -539,7 +539,7 @@ def test_pool_runs_again_a_request_whose_sandbox_failed(ray_cluster):
         executor = ray_cluster.get_actor(name, namespace=namespace)
         pid = ray_cluster.get(executor.__ray_call__.remote(lambda self: os.getpid()))
         try:
-            servers = [p for p in psutil.Process(pid).children() if FORK_SERVER in p.cmdline()]
+            servers = [p for p in psutil.Process(pid).children() if BOOT in p.cmdline()]
             return [child for server in servers for child in server.children()]
         except psutil.NoSuchProcess:  # a process that ended while we looked
             return []
