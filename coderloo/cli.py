@@ -170,6 +170,14 @@ def cmd_tasks(args) -> int:
     return 0
 
 
+def cmd_sandbox_check(args) -> int:
+    from sandbox_pool.check import check
+
+    report, complete = check(["process", "docker"] if args.backend == "all" else [args.backend])
+    print(report)
+    return 0 if complete else 1
+
+
 def cmd_config_schema(args) -> int:
     print(json.dumps(config_schema(), indent=2))
     return 0
@@ -209,6 +217,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", help="write the synthetic suite as JSONL files")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_tasks)
+    p = sub.add_parser("sandbox", help="about the sandbox on this machine")
+    p.add_argument("what", choices=["check"], help="check: what isolation a program gets here, per backend, seen from "
+                   "inside a sandboxed program (exit 1 when a layer is missing)")
+    p.add_argument("--backend", choices=["process", "docker", "all"], default="all")
+    p.set_defaults(fn=cmd_sandbox_check)
     p = sub.add_parser("config", help="about the config file's format")
     p.add_argument("what", choices=["schema"], help="schema: print the JSON Schema of a config file (for editors)")
     p.set_defaults(fn=cmd_config_schema)

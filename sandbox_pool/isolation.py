@@ -7,6 +7,7 @@ server's own, made (and tried) here and removed when it exits.
 """
 import ctypes
 import os
+import platform
 import signal
 import sys
 import time
@@ -175,6 +176,19 @@ def probe(work_root: str) -> tuple[Isolation, dict]:
         "cgroup_reason": cgroup_reason,
         "uid": SANDBOX_UID if root else os.geteuid(),
     }
+    # Each layer a run would go without, and why: the process backend refuses to run with any
+    # (ForkServer) unless its config accepts weaker isolation.
+    missing = {f"{controller} cgroup": cgroup_reason or "not made"
+               for controller in CGROUP_CONTROLLERS if controller not in cgroup_roots}
+    if not root:
+        missing["sandbox users"] = f"not root: programs would run as uid {os.geteuid()}, the server's own"
+    if not has_pid_namespace:
+        missing["PID namespace"] = "clone(CLONE_NEWPID) failed"
+    if private_root is None:
+        missing["private root"] = root_reason
+    if not confine.SYSCALL_FILTER:
+        missing["syscall filter"] = f"no filter for {platform.machine()} (x86_64 only)"
+    summary["missing"] = missing
     return iso, summary
 
 

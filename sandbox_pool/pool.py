@@ -70,6 +70,11 @@ class ProcessSandbox(Variant):
     """A fork server per executor; no Docker needed. Each run is held to its request's limits alone."""
 
     type: Literal["process"] = "process"
+    weaker_isolation: bool = Field(
+        False, description="run programs where the machine cannot give the sandbox every layer of its isolation "
+        "(per-run cgroups, a PID namespace, a private root, the sandbox users, the syscall filter); without it the "
+        "pool refuses to start there, naming what is missing. With it, every result lists what its run went "
+        "without (`coderloo sandbox check` shows what a machine gives)")
 
 
 class DockerSandbox(Variant):
@@ -135,7 +140,7 @@ class SandboxExecutor:
 
             self._backend = DockerBackend(concurrency, backend)  # DockerUnavailable fails the start, with the reason
         else:
-            self._backend = ForkServer()
+            self._backend = ForkServer(weaker_isolation=backend.weaker_isolation)
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._held = 0  # runs started whose results no call has handed back yet

@@ -63,10 +63,16 @@ class ForkServer:
     `interpreter` is the Python that runs the server and so the programs; by default this
     process's own, or a system one of the same version when the sandbox user cannot run ours
     (see `sandbox_interpreter`).
+
+    A server that cannot set up every layer of its isolation on this machine (isolation.probe:
+    its cgroups, PID namespace, private root, sandbox users, syscall filter) refuses to run
+    programs, naming what is missing and how to fix it, unless `weaker_isolation` accepts that:
+    then every result lists what its run went without (`ExecutionResult.isolation_missing`).
     """
 
-    def __init__(self, interpreter: str | None = None):
+    def __init__(self, interpreter: str | None = None, weaker_isolation: bool = False):
         self.interpreter = interpreter
+        self.weaker_isolation = weaker_isolation
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._log: IO[bytes] | None = None  # the server's stderr: why it died, if it did
@@ -86,8 +92,10 @@ class ForkServer:
         stdout, stderr = report.get("stdout", ""), report.get("stderr", "")
         if status is Status.infra_error and stderr.strip():
             detail += "; stderr ends with: " + stderr.strip().splitlines()[-1]
-        return ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests, stdout=stdout,
-                                     stderr=stderr)
+        result = ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests, stdout=stdout,
+                                       stderr=stderr)
+        result.isolation_missing = sorted(self.isolation.get("missing", {}))
+        return result
 
     def close(self) -> None:
         """Stop the server; runs it already forked finish and answer. The next run starts a new one.
@@ -178,6 +186,20 @@ class ForkServer:
         process.stdout.close()
         self.isolation = json.loads(summary) if summary.strip() else {}
         self._process, self._control, self._log = process, control, log
+        missing = self.isolation.get("missing", {})
+        if missing and not self.weaker_isolation:
+            self.close()
+            raise SandboxUnavailable(refusal(missing))
+
+
+def refusal(missing: dict) -> str:
+    """Why a process sandbox refuses to run, and the ways out."""
+    what = "; ".join(f"{layer}: {why}" for layer, why in sorted(missing.items()))
+    return ("the process sandbox refuses to run programs without its full isolation, and this machine does not "
+            f"give it all: {what}. Run the executor as root on a machine whose cgroups (v2, or v1's pids, memory "
+            "and cpu controllers) it may create and write, outside any tool that remounts /sys or /proc; or use "
+            "the Docker backend (reward.pool.backend.type=docker); or accept weaker isolation "
+            "(reward.pool.backend.weaker_isolation=true), and every result then lists what its run went without")
 
 
 async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:

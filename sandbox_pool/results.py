@@ -182,6 +182,9 @@ class ExecutionResult(BaseModel):
     stdout: str = Field("", description="the tail of the program's stdout")
     stderr: str = Field("", description="the tail of the program's stderr")
     detail: str = Field("", description="why the status is what it is, for humans")
+    isolation_missing: list[str] = Field(
+        default_factory=list, description="layers of isolation the run went without, which the pool's config "
+        "accepted (the process backend's weaker_isolation); empty: all of them")
 
     @classmethod
     def build(cls, num_tests: int, status: Status, detail: str, *, started: float | None = None,

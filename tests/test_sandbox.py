@@ -143,6 +143,78 @@ def test_infra_error_when_the_fork_server_cannot_start():
         assert "fork server" in result.detail
 
 
+NO_CGROUPS = """
+import asyncio, json
+from sandbox_pool import ExecutionRequest, ForkServer
+request = ExecutionRequest(program="x = 1", tests=["assert x == 1"])
+seen = {}
+for weaker in (False, True):
+    server = ForkServer(weaker_isolation=weaker)
+    result = asyncio.run(server.execute(request))
+    seen[str(weaker)] = {"status": result.status.value, "detail": result.detail, "missing": result.isolation_missing}
+    server.close()
+print(json.dumps(seen))
+"""
+
+
+def test_a_process_sandbox_without_its_cgroups_refuses_to_run():
+    """As under a tool that remounts /sys: an empty tmpfs on /sys/fs/cgroup, in a mount namespace of its own."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shell = 'mount -t tmpfs none /sys/fs/cgroup && exec "$0" "$@"'
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", shell, sys.executable, "-c", NO_CGROUPS], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = seen["False"]
+    assert refused["status"] == "infra_error" and "refuses to run programs without its full isolation" in refused["detail"]
+    for layer in ("pids cgroup", "memory cgroup", "cpu cgroup"):
+        assert layer in refused["detail"], refused["detail"]
+    assert "weaker_isolation=true" in refused["detail"] and "type=docker" in refused["detail"]
+    accepted = seen["True"]
+    assert accepted["status"] == "passed", accepted["detail"]
+    assert accepted["missing"] == ["cpu cgroup", "memory cgroup", "pids cgroup"]  # said on every result
+    # and `coderloo sandbox check` says what is missing, and fails
+    checked = subprocess.run(["unshare", "--mount", "sh", "-c", shell, sys.executable, "-m", "coderloo.cli", "sandbox", "check",
+                              "--backend", "process"], capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).resolve().parent.parent)
+    assert checked.returncode == 1, checked.stdout + checked.stderr[-2000:]
+    assert "cgroups (pids, memory, cpu)  NO" in checked.stdout and "refuses to run" in checked.stdout, checked.stdout
+    assert "syscall filter               yes" in checked.stdout, checked.stdout
+
+
+def test_sandbox_check_says_what_isolation_is_in_force():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-m", "coderloo.cli", "sandbox", "check", "--backend", "process"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    for layer in ("sandbox users", "capabilities", "no_new_privs", "syscall filter", "PID namespace", "private root",
+                  "network namespace", "cgroups (pids, memory, cpu)"):
+        assert any(line.strip().startswith(layer + " ") and "  yes  " in line for line in done.stdout.splitlines()), (layer, done.stdout)
+    assert "all layers in force" in done.stdout
+
+
+def test_sandbox_check_reads_each_layer_from_what_the_program_saw():
+    from sandbox_pool.check import layers
+
+    seen = {"uid": "65534", "gid": "65534", "groups": "", "caps": {"CapEff": "0000000000000000", "CapBnd": "0000000000000000"},
+            "no_new_privs": "1", "seccomp": "2", "processes": 1, "init": "", "cgroup": ["0::/coderloo-sandbox-1/run-2"],
+            "interfaces": ["lo"], "checkout_visible": False}
+    server = {"cgroups": ["cpu", "memory", "pids"]}
+    assert all(ok for _, ok, _ in layers(seen, server))
+    for change, layer in [({"seccomp": "0"}, "syscall filter"), ({"caps": {"CapBnd": "000001ffffffffff"}}, "capabilities"),
+                          ({"uid": "0"}, "sandbox users"), ({"interfaces": ["lo", "eth0"]}, "network namespace"),
+                          ({"checkout_visible": True}, "private root"), ({"processes": 40}, "PID namespace")]:
+        assert [name for name, ok, _ in layers({**seen, **change}, server) if not ok] == [layer]
+    assert [name for name, ok, _ in layers(seen, {"cgroups": ["pids"]}) if not ok] == ["cgroups (pids, memory, cpu)"]
+
+
 def test_fork_bomb_is_contained_and_reaped():
     name = f"bomb{uuid.uuid4().hex[:8]}"  # the bomb's processes carry it as their name (comm)
     program = f"""

@@ -96,3 +96,16 @@ def test_each_container_is_held_to_the_configured_limits():
         loop.close()
     assert result.status is Status.passed, (result.detail, result.stdout, result.stderr[-300:])  # /tmp is 32 MiB
     assert (host["Memory"], host["MemorySwap"], host["NanoCpus"], host["PidsLimit"]) == (384 << 20, 384 << 20, 5 * 10**8, 64)
+
+
+def test_sandbox_check_says_what_isolation_the_containers_give():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    docker_backend_or_skip().close()
+    done = subprocess.run([sys.executable, "-m", "coderloo.cli", "sandbox", "check", "--backend", "docker"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert done.stdout.startswith("docker backend (warm containers of coderloo-sandbox:") and "all layers in force" in done.stdout
+    assert "syscall filter               yes  Seccomp 2" in done.stdout and "NoNewPrivs 1" in done.stdout
