@@ -39,7 +39,7 @@ class ModelConfig(Section):
 
 class TasksConfig(Section):
     train_set: str = Field(default="synthetic", description="Task set to train on: synthetic, mbpp, mbpp-sanitized, humaneval, "
-                           "jsonl, apps, codecontests, taco, livecodebench, generic (coderloo/tasksets/benchmarks.py).")
+                           "jsonl, apps, codecontests, taco, livecodebench, deepcoder, code-r1, generic (coderloo/tasksets/benchmarks.py).")
     train_path: str | None = Field(default=None, description="File of the train set (not used by synthetic); the "
                                    "competitive-programming sets also take a directory of files.")
     train_split: str = Field(default="train", description="Split of the train set to train on.")

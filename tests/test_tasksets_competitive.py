@@ -46,6 +46,8 @@ FIXTURES = [
     (FIXTURE_DIR / "taco-test.jsonl", "taco"),
     (FIXTURE_DIR / "livecodebench-test.jsonl", "livecodebench"),
     (FIXTURE_DIR / "generic-train.jsonl", "generic"),
+    (FIXTURE_DIR / "deepcoder", "deepcoder"),
+    (FIXTURE_DIR / "code-r1-test.jsonl", "code-r1"),
 ]
 GENERIC_COLUMNS = ColumnMapping(id="uid", prompt="statement", input_output="tests", solutions="solution",
                                 difficulty="level", source="mine")
@@ -170,6 +172,70 @@ def test_livecodebench():
     assert pairs.prompt.endswith("```python\nclass Solution:\n    def countPairs(self, nums: List[int], target: int) -> int:\n```\n")
 
 
+def test_deepcoder():
+    """Each subset's own shape of tests, in the dataset's folders (lcbv5, primeintellect, taco, codeforces)."""
+    tasks = by_id(load_fixture(FIXTURE_DIR / "deepcoder", "deepcoder"))
+    assert list(tasks) == ["deepcoder/codeforces/test/0", "deepcoder/lcbv5/test/0", "deepcoder/lcbv5/test/1",
+                           "deepcoder/primeintellect/train/0", "deepcoder/primeintellect/train/1", "deepcoder/taco/train/0"]
+    assert [t.test_kind for t in tasks.values()] == ["stdio", "stdio", "call", "stdio", "call", "stdio"]
+    assert tasks["deepcoder/codeforces/test/0"].tests == [IOTest(stdin="abc\n", stdout="cba\n"), IOTest(stdin="x\n", stdout="x\n")]
+    maximum = tasks["deepcoder/lcbv5/test/1"]  # LiveCodeBench's functional cases, the function from metadata
+    assert maximum.entry_point == "maxOf" and maximum.tests[0] == CallTest(args=[[3, 1, 2]], accepted=[3])
+    assert maximum.prompt.endswith("```python\nclass Solution:\n    def maxOf(self, nums: List[int]) -> int:\n```\n")
+    double = tasks["deepcoder/primeintellect/train/1"]  # PrimeIntellect's function_call: the output wrapped in a list
+    assert double.entry_point == "double" and double.tests[0] == CallTest(args=[4], accepted=[[8], 8])
+    # PrimeIntellect's gold solutions are markdown code blocks: the reference is the code
+    assert tasks["deepcoder/primeintellect/train/0"].reference == "n = int(input())\nprint(sum(map(int, input().split())))\n"
+    assert tasks["deepcoder/taco/train/0"].tests == [IOTest(stdin="5\n", stdout="25\n"), IOTest(stdin="0\n", stdout="0\n")]
+    assert all(t.source == "deepcoder" and t.difficulty == 3 for t in tasks.values())
+    # one subset's folder, or one file of it, names the subset too
+    assert [t.id for t in load_fixture(FIXTURE_DIR / "deepcoder" / "taco", "deepcoder")] == ["deepcoder/taco/train/0"]
+    one = FIXTURE_DIR / "deepcoder" / "lcbv5" / "test-00000-of-00001.jsonl"
+    assert [t.id for t in load_fixture(one, "deepcoder")] == ["deepcoder/lcbv5/test/0", "deepcoder/lcbv5/test/1"]
+
+
+def test_deepcoder_parquet_rows_give_the_same_tasks(tmp_path):
+    rows = records(FIXTURE_DIR / "deepcoder" / "primeintellect" / "train-00000-of-00001.jsonl")
+    (tmp_path / "primeintellect").mkdir()
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), tmp_path / "primeintellect" / "train-00000-of-00001.parquet")
+    assert load_fixture(tmp_path, "deepcoder") == load_fixture(FIXTURE_DIR / "deepcoder" / "primeintellect", "deepcoder")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda r: r.pop("problem"), "missing field 'problem'"),
+    (lambda r: r.update(tests="[1, 2]"), "field 'tests' should be an object of inputs and outputs or a list of cases"),
+    (lambda r: r.update(tests=json.dumps([{"type": "function_call", "input": 4, "output": [8]}])),
+     "field 'tests': case 0 should be"),
+    (lambda r: r.update(tests=json.dumps([{"type": "function_call", "fn_name": "a", "input": [1], "output": [1]},
+                                          {"type": "function_call", "fn_name": "b", "input": [1], "output": [1]}])),
+     "field 'tests' calls several functions: a, b"),
+    (lambda r: r.update(tests=json.dumps([{"input": "1", "output": "1", "testtype": "functional"}])),
+     "functional test cases need metadata's func_name"),
+    (lambda r: r.update(tests=json.dumps([{"stdin": "1"}])), "field 'tests': cases of no known shape"),
+    (lambda r: r.update(solutions="print(1)"), "fields 'starter_code' \\(a string\\) and 'solutions'"),
+])
+def test_malformed_deepcoder_record(tmp_path, change, reason):
+    rows = records(FIXTURE_DIR / "deepcoder" / "primeintellect" / "train-00000-of-00001.jsonl")
+    change(rows[1])
+    (tmp_path / "primeintellect").mkdir()
+    path = write_jsonl(tmp_path / "primeintellect" / "train.jsonl", rows)
+    with pytest.raises(TaskFileError, match=rf"^{path}:2: {reason}"):
+        load_fixture(tmp_path, "deepcoder")
+
+
+def test_code_r1():
+    """verl's RL rows: a chat prompt (its user message is the task's prompt), the tests in reward_model."""
+    rows = records(FIXTURE_DIR / "code-r1-test.jsonl")
+    leetcode, taco, stdio = load_fixture(FIXTURE_DIR / "code-r1-test.jsonl", "code-r1")
+    assert [t.id for t in (leetcode, taco, stdio)] == ["code-r1/test/0", "code-r1/test/1", "code-r1/test/2"]
+    assert leetcode.prompt == rows[0]["prompt"][1]["content"] + "\n"  # the row's system message is not the task's
+    # {functional: test code}: one statement test, run after the program in the tester
+    assert leetcode.test_kind == "assert" and leetcode.tests == [json.loads(rows[0]["reward_model"]["ground_truth"])["functional"]]
+    assert taco.test_kind == "assert" and "square(*i)" in taco.tests[0]
+    assert stdio.tests == [IOTest(stdin="2 3\n", stdout="5\n"), IOTest(stdin="10 -4\n", stdout="6\n")]
+    assert all(t.source == "code-r1" and t.reference == PROGRAMS[t.id]["right"] for t in (leetcode, taco, stdio))
+
+
 def test_generic_jsonl():
     tasks = load_fixture(FIXTURE_DIR / "generic-train.jsonl", "generic")
     assert list(by_id(tasks)) == ["mine/train/g1", "mine/train/2"]
@@ -291,6 +357,11 @@ OTHER_FAULTS = [
      "field 'private_test_cases' is neither a JSON list nor its compressed form: the pickle holds a list, not a JSON string"),
     ("livecodebench-test.jsonl", "livecodebench", lambda r: r.update(private_test_cases=compress("[{]")),
      "field 'private_test_cases' is not valid JSON"),
+    ("code-r1-test.jsonl", "code-r1", lambda r: r.update(prompt=[{"role": "system", "content": "x"}]),
+     "field 'prompt' has no user message"),
+    ("code-r1-test.jsonl", "code-r1", lambda r: r.update(prompt="write code"), "field 'prompt' should be a list of chat messages"),
+    ("code-r1-test.jsonl", "code-r1", lambda r: r["reward_model"].update(ground_truth='{"tests": []}'),
+     "field 'reward_model.ground_truth' should be \\{functional: test code\\} or \\{inputs, outputs\\}"),
     ("generic-train.jsonl", "generic", lambda r: r.pop("uid"), "missing field 'uid'"),
     ("generic-train.jsonl", "generic", lambda r: r.update(uid=True), "field 'uid' should be a string or an integer, got True"),
     ("generic-train.jsonl", "generic", lambda r: r.update(level="easy"), "field 'level' should be an integer from 1 to 5"),

@@ -18,7 +18,9 @@ from typing import Any, Callable, Iterator
 from coderloo.tasksets.competitive import (
     ColumnMapping,
     load_apps,
+    load_code_r1,
     load_codecontests,
+    load_deepcoder,
     load_generic,
     load_livecodebench,
     load_taco,
@@ -194,6 +196,8 @@ LOADERS: dict[str, Callable[[str | Path], list[Task]]] = {
     "codecontests": load_codecontests,
     "taco": load_taco,
     "livecodebench": load_livecodebench,
+    "deepcoder": load_deepcoder,
+    "code-r1": load_code_r1,
     "generic": load_generic,  # with its ColumnMapping: load_task_set(..., columns)
 }
 
@@ -201,7 +205,7 @@ LOADERS: dict[str, Callable[[str | Path], list[Task]]] = {
 def load_task_set(name: str, path: str | Path, columns: ColumnMapping | None = None) -> list[Task]:
     """Load a task set by its format name (a key of LOADERS): mbpp, mbpp-sanitized, humaneval,
     jsonl (Task records), their 3-shot MBPP forms, the EvalPlus sets (evalplus.py), or the
-    competitive-programming sets (competitive.py): apps, codecontests, taco, livecodebench, and
+    competitive-programming sets (competitive.py): apps, codecontests, taco, livecodebench, deepcoder, code-r1 and
     generic, which reads the file through `columns`."""
     try:
         loader = LOADERS[name]

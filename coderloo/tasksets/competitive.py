@@ -1,5 +1,5 @@
 """Competitive-programming task sets as Tasks: APPS, CodeContests, TACO, LiveCodeBench (code
-generation), and a column mapping for any JSONL or Parquet file of that kind (`generic`).
+generation), the DeepCoder and Code-R1 training mixtures, and a column mapping for any JSONL or Parquet file of that kind (`generic`).
 
 Each loader reads the records as the Hugging Face datasets publish them:
 
@@ -7,6 +7,8 @@ Each loader reads the records as the Hugging Face datasets publish them:
     codecontests   deepmind/code_contests: data/{train,valid,test}-*.parquet (or the same rows as JSONL)
     taco           BAAI/TACO: ALL/{train,test}-*.parquet (or the same rows as JSONL)
     livecodebench  livecodebench/code_generation_lite: test.jsonl, test2.jsonl, ... (all releases)
+    deepcoder      agentica-org/DeepCoder-Preview-Dataset: {lcbv5,primeintellect,taco,codeforces}/{train,test}-*.parquet
+    code-r1        ganler/code-r1-12k: train.parquet, test.parquet (verl's RL rows)
     generic        any such file, through a ColumnMapping (tasks.columns)
 
 A path is one file (.jsonl, .jsonl.gz or .parquet) or a directory of them, read in name order.
@@ -459,6 +461,132 @@ def load_livecodebench(path: str | Path) -> list[Task]:
     problems added in v2, ...) or their directory (every release); all in the test split, each
     dated by its contest_date, without reference solutions."""
     return load_files(path, LIVECODEBENCH_FIELDS, _livecodebench_task, split="test")
+
+
+# --- DeepCoder ---------------------------------------------------------------------------------
+
+DEEPCODER_FIELDS = {"problem": str}
+FENCE = re.compile(r"\A\s*```[a-zA-Z0-9]*\n(.*?)\n?```\s*\Z", re.DOTALL)
+
+
+def _json_field(record: Record, name: str, kinds: tuple[type, ...], expected: str) -> Any:
+    """A field that is a value or the JSON text of one (a Parquet string column, or the same nested)."""
+    value = field_value(record, name, (str,) + kinds, expected)
+    return parse_json(value, name) if isinstance(value, str) else value
+
+
+def deepcoder_tests(spec: Any, metadata: Any) -> tuple[list[Test], str | None]:
+    """DeepCoder's `tests`, in the shape of the subset the row comes from: an object {inputs,
+    outputs, fn_name} (taco: APPS's input_output), or a list of cases: {input, output, testtype}
+    (lcbv5: LiveCodeBench's, the function named by metadata's func_name), {type: stdin_stdout |
+    function_call, input, output, fn_name} (primeintellect: a call's input is its list of arguments,
+    its output the expected value wrapped in a list, as TACO's), or {input, output} (codeforces: stdin)."""
+    if isinstance(spec, dict):
+        return input_output_tests(spec, "tests")
+    if not isinstance(spec, list) or not spec or not all(isinstance(case, dict) for case in spec):
+        raise ValueError(f"field 'tests' should be an object of inputs and outputs or a list of cases, got {spec!r:.80}")
+    if all("testtype" in case for case in spec):
+        tests = [livecodebench_test(case, "tests", i) for i, case in enumerate(livecodebench_cases(json.dumps(spec), "tests"))]
+        if not any(isinstance(t, CallTest) for t in tests):
+            return tests, None
+        name = metadata.get("func_name") if isinstance(metadata, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("functional test cases need metadata's func_name, the function to call")
+        return tests, name
+    if all("type" in case for case in spec):
+        tests, names = [], set()
+        for i, case in enumerate(spec):
+            if case["type"] == "stdin_stdout" and isinstance(case.get("input"), str) and isinstance(case.get("output"), str):
+                tests.append(IOTest(stdin=case["input"], stdout=case["output"]))
+            elif case["type"] == "function_call" and isinstance(case.get("input"), list) and isinstance(case.get("fn_name"), str):
+                tests.append(CallTest(args=case["input"], accepted=apps_accepted(case.get("output"))))
+                names.add(case["fn_name"])
+            else:
+                raise ValueError(f"field 'tests': case {i} should be {{type: stdin_stdout, input: str, output: str}} or "
+                                 f"{{type: function_call, fn_name: str, input: [arguments], output}}, got {case!r:.80}")
+        if len(names) > 1:
+            raise ValueError(f"field 'tests' calls several functions: {', '.join(sorted(names))}")
+        return tests, next(iter(names), None)
+    if all(isinstance(case.get("input"), str) and isinstance(case.get("output"), str) for case in spec):
+        return [IOTest(stdin=case["input"], stdout=case["output"]) for case in spec], None
+    raise ValueError(f"field 'tests': cases of no known shape, e.g. {spec[0]!r:.80}")
+
+
+def without_fence(program: str) -> str:
+    """A solution written as a markdown code block (PrimeIntellect's gold solutions) as its code."""
+    found = FENCE.match(program)
+    return found.group(1) + "\n" if found else program
+
+
+def _deepcoder_task(record: Record, split: str, row: int, subset: str) -> Task | None:
+    tests, entry_point = deepcoder_tests(_json_field(record, "tests", (list, dict), "a JSON list or object of test cases"),
+                                         _json_field(record, "metadata", (dict,), "an object") if "metadata" in record else {})
+    starter = record.get("starter_code") or ""
+    solutions = record.get("solutions") or []
+    if not isinstance(starter, str) or not isinstance(solutions, list) or not all(isinstance(x, str) for x in solutions):
+        raise ValueError("fields 'starter_code' (a string) and 'solutions' (a list of programs) are of the wrong type")
+    if not tests:
+        return None
+    return Task(
+        id=f"deepcoder/{subset}/{split}/{row}", prompt=competition_prompt(record["problem"], starter, entry_point),
+        tests=tests, entry_point=entry_point, reference=without_fence(solutions[0]) if solutions else "", difficulty=3,
+        source="deepcoder", prompt_is_code=False, split=split,
+    )
+
+
+def load_deepcoder(path: str | Path) -> list[Task]:
+    """agentica-org/DeepCoder-Preview-Dataset: the dataset's directory (its subsets lcbv5,
+    primeintellect, taco and codeforces, each a folder of {train,test}-*.parquet), one subset's
+    folder, or one file, whose folder names the subset. Rows have no id: a task is
+    deepcoder/<subset>/<split>/<row>."""
+    path = Path(path)
+    folders = sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+    parts = [(folder, folder.name) for folder in folders] or [(path, path.name if path.is_dir() else path.parent.name)]
+    tasks: list[Task] = []
+    for where, subset in parts:
+        tasks += load_files(where, DEEPCODER_FIELDS,
+                            lambda record, split, row, subset=subset: _deepcoder_task(record, split, row, subset))
+    return tasks
+
+
+# --- Code-R1 ---------------------------------------------------------------------------------
+
+CODE_R1_FIELDS = {"reward_model": dict}
+
+
+def _code_r1_task(record: Record, split: str, row: int) -> Task | None:
+    messages = field_value(record, "prompt", (list,), "a list of chat messages")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError("field 'prompt' should be a list of chat messages {role, content}")
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise ValueError("field 'prompt' has no user message")
+    truth = record["reward_model"].get("ground_truth")
+    truth = parse_json(truth, "reward_model.ground_truth") if isinstance(truth, str) else truth
+    if isinstance(truth, dict) and isinstance(truth.get("functional"), str):
+        tests, entry_point = [truth["functional"]], None  # Python test code run after the program: one test
+    elif isinstance(truth, dict) and "inputs" in truth:
+        tests, entry_point = input_output_tests(truth, "reward_model.ground_truth")
+    else:
+        raise ValueError("field 'reward_model.ground_truth' should be {functional: test code} or {inputs, outputs}, "
+                         f"got {truth!r:.80}")
+    extra = record.get("extra_info") if isinstance(record.get("extra_info"), dict) else {}
+    reference = extra.get("reference") if isinstance(extra.get("reference"), str) else ""
+    if not tests:
+        return None
+    return Task(
+        id=f"code-r1/{split}/{row}", prompt=users[-1].rstrip() + "\n", tests=tests, entry_point=entry_point,
+        reference=reference, difficulty=3, source="code-r1", prompt_is_code=False, split=split,
+    )
+
+
+def load_code_r1(path: str | Path) -> list[Task]:
+    """ganler/code-r1-12k (verl's RL format): train.parquet and test.parquet, rows of a chat prompt
+    (its last user message is the task's prompt; the run's own system message replaces the row's),
+    and the tests in reward_model.ground_truth: {functional: Python test code} (LeetCode, TACO's
+    call-based problems: one statement test, run after the program) or {inputs, outputs} (stdin/stdout).
+    Rows have no id: a task is code-r1/<split>/<row>."""
+    return load_files(path, CODE_R1_FIELDS, _code_r1_task)
 
 
 # --- generic ---------------------------------------------------------------------------------
