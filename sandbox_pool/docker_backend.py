@@ -57,6 +57,7 @@ class Container:
             mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m", pids_limit=limits.pids,
             nano_cpus=int(limits.cpus * 1e9),
             cap_drop=["ALL"], cap_add=CAPABILITIES, security_opt=["no-new-privileges"], init=True, auto_remove=True,
+            runtime=limits.runtime,
         )
         # stdin_once: when the host's attached socket goes (this process died), the executor sees
         # the end of its input and exits, and auto_remove takes the container away.
@@ -129,6 +130,10 @@ class DockerBackend:
             self.client.ping()
         except Exception as e:
             raise DockerUnavailable(f"no Docker engine reachable: {e}") from e
+        runtimes = sorted(self.client.info().get("Runtimes", {}))
+        if self.limits.runtime is not None and self.limits.runtime not in runtimes:
+            raise DockerUnavailable(f"the Docker engine has no runtime {self.limits.runtime!r} (reward.pool.backend.runtime); "
+                                    f"it has {', '.join(runtimes)}: register it in /etc/docker/daemon.json's runtimes")
         self.image = image_tag()
         try:
             self.client.images.get(self.image)
@@ -137,14 +142,25 @@ class DockerBackend:
         self.owner = uuid.uuid4().hex
         self._size = containers
         self._free: asyncio.Queue | None = None
+        self._start: asyncio.Future | None = None  # the warm containers' start, awaited by the first runs
         self._starting: set[asyncio.Task] = set()
         self.recycled = 0
         self.closed = False
 
     async def _ensure_started(self) -> None:
-        if self._free is None:
+        """Every run that comes before the containers are up waits for the same start; a start that
+        fails fails them all (with its reason), and the next run tries again, instead of waiting
+        for a container forever."""
+        if self._start is None:
             self._free = asyncio.Queue()
-            await asyncio.gather(*(self._replace(None) for _ in range(self._size)))
+            self._start = asyncio.ensure_future(asyncio.gather(*(self._replace(None) for _ in range(self._size))))
+        start = self._start
+        try:
+            await start
+        except BaseException:
+            if self._start is start:
+                self._start = None
+            raise
 
     async def _replace(self, old: Container | None) -> None:
         if old is not None:

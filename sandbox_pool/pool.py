@@ -87,6 +87,9 @@ class DockerSandbox(Variant):
     cpus: float = Field(1.0, gt=0, description="CPUs each container may use")
     pids: int = Field(128, ge=16, description="processes and threads in each container")
     tmpfs_mb: int = Field(64, ge=1, description="size of each container's /tmp and of its /dev/shm")
+    runtime: str | None = Field(
+        None, description="the Docker engine's OCI runtime for the containers (one registered with the engine), e.g. "
+        "runsc: gVisor, a second kernel between the program and the host's; None: the engine's default (runc)")
 
 
 SandboxBackend = Annotated[ProcessSandbox | DockerSandbox, Field(discriminator="type")]

@@ -109,3 +109,46 @@ def test_sandbox_check_says_what_isolation_the_containers_give():
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert done.stdout.startswith("docker backend (warm containers of coderloo-sandbox:") and "all layers in force" in done.stdout
     assert "syscall filter               yes  Seccomp 2" in done.stdout and "NoNewPrivs 1" in done.stdout
+
+
+def test_a_runtime_the_engine_does_not_have_is_refused_naming_it():
+    from sandbox_pool.docker_backend import DockerBackend, DockerUnavailable
+    from sandbox_pool.pool import DockerSandbox
+
+    docker_backend_or_skip().close()
+    with pytest.raises(DockerUnavailable, match=r"no runtime 'no-such-runtime' \(reward.pool.backend.runtime\); it has .*runc"):
+        DockerBackend(1, DockerSandbox(runtime="no-such-runtime"))
+    # the engine's default named explicitly runs as the default does
+    result, = asyncio.run(_one(DockerBackend(1, DockerSandbox(runtime="runc")),
+                               ExecutionRequest(program="x = 1\n", tests=["assert x == 1"])))
+    assert result.status is Status.passed, result.detail
+
+
+async def _one(backend, request):
+    try:
+        return [await backend.execute(request)]
+    finally:
+        backend.close()
+
+
+def test_runs_waiting_for_containers_that_cannot_start_all_get_the_reason():
+    """(Docker refuses more CPUs than the machine has.) Before, the first run got the error and the
+    ones that came meanwhile waited for a container forever."""
+    from sandbox_pool.pool import DockerSandbox
+
+    docker_backend_or_skip().close()
+    from sandbox_pool.docker_backend import DockerBackend
+
+    backend = DockerBackend(1, DockerSandbox(cpus=4096))
+    request = ExecutionRequest(program="x = 1\n", tests=["assert x == 1"])
+
+    async def go():
+        try:
+            first = await asyncio.wait_for(asyncio.gather(*(backend.execute(request) for _ in range(3))), 120)
+            again = await asyncio.wait_for(backend.execute(request), 120)  # and the next run tries again
+            return first + [again]
+        finally:
+            backend.close()
+
+    for result in asyncio.run(go()):
+        assert result.status is Status.infra_error and "no sandbox container" in result.detail and "CPU" in result.detail, result.detail
