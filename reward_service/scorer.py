@@ -110,6 +110,8 @@ def why_it_ended(result: ExecutionResult, limits: Limits) -> str:
         case Status.runtime_error:
             return f"Runtime error: {detail or 'the program crashed or exited before its tests finished'}"
         case Status.timeout:
+            if limits.case_timeout_s is not None:  # the task's own limit, each case's (a contest's)
+                return f"Timed out: a test exceeded its time limit of {limits.case_timeout_s:g} s"
             return (f"Timed out: the program exceeded its time limit ({limits.wall_timeout_s:g} s of wall-clock "
                     f"time, {limits.cpu_time_s} s of CPU time)")
         case Status.memory_exceeded:
@@ -204,7 +206,7 @@ class RewardScorer:
             components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance),
             total=total, passed=result.status == Status.passed, status=result.status,
             diagnostics=([analysis.syntax_error] if analysis.syntax_error else []) + (diagnostics or []),
-            feedback=execution_feedback(task, result, self.limits), token_rewards=None,
+            feedback=execution_feedback(task, result, task.run_limits(self.limits)), token_rewards=None,
         )
 
     def score(self, tasks: list[Task], completions: list[str]) -> list[ItemReward]:

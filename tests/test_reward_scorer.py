@@ -138,6 +138,10 @@ def test_execution_feedback_says_why_the_run_ended_and_names_the_first_failing_t
     assert execution_feedback(FEEDBACK_TASK, timeout, limits) == (
         "Timed out: the program exceeded its time limit (2.5 s of wall-clock time, 3 s of CPU time)"
     )
+    # a task's own time limit is each case's: the feedback names it, not the run's start-up limit
+    per_case = limits.model_copy(update={"case_timeout_s": 2.0})
+    assert execution_feedback(FEEDBACK_TASK, result(Status.timeout, [OK], "case 1: exceeded the case time limit of 2 s"),
+                              per_case) == "Timed out: a test exceeded its time limit of 2 s"
     memory = result(Status.memory_exceeded, [OK, {"passed": False, "error": "MemoryError"}], "a test raised MemoryError")
     assert execution_feedback(FEEDBACK_TASK, memory, limits) == (
         "Out of memory: the program exceeded its memory limit of 256 MiB\n"
