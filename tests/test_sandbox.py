@@ -186,6 +186,43 @@ def test_a_process_sandbox_without_its_cgroups_refuses_to_run():
     assert "syscall filter               yes" in checked.stdout, checked.stdout
 
 
+POOL_NO_CGROUPS = """
+import json, ray
+from coderloo.runtime import init_ray
+from sandbox_pool import ExecutionRequest, PoolSettings, SandboxPool
+init_ray(num_cpus=2)
+seen = {}
+for weaker in (False, True):
+    pool = SandboxPool(PoolSettings(min_executors=1, max_executors=1, start_timeout_s=120,
+                                    backend={"type": "process", "weaker_isolation": weaker}))
+    result, = pool.run([ExecutionRequest(program="x = 1", tests=["assert x == 1"])])
+    seen[str(weaker)] = {"status": result.status.value, "detail": result.detail, "missing": result.isolation_missing}
+    pool.shutdown()
+ray.shutdown()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow
+def test_a_process_pool_without_cgroups_refuses_to_start():
+    """The pool over Ray, in a mount namespace whose /sys/fs/cgroup is an empty tmpfs: its executor
+    fails its health check, naming what is missing, so no program runs; with weaker_isolation it runs."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shell = 'mount -t tmpfs none /sys/fs/cgroup && exec "$0" "$@"'
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", shell, sys.executable, "-c", POOL_NO_CGROUPS],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = seen["False"]
+    assert refused["status"] == "infra_error" and "no sandbox executor could start" in refused["detail"], refused
+    assert "refuses to run programs without its full isolation" in refused["detail"] and "pids cgroup" in refused["detail"]
+    assert seen["True"]["status"] == "passed" and "memory cgroup" in seen["True"]["missing"], seen["True"]
+
+
 def test_sandbox_check_says_what_isolation_is_in_force():
     import subprocess
     import sys
