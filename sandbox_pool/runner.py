@@ -45,7 +45,7 @@ import time
 import traceback
 
 from matching import values_match
-from protocol import read_frame, send_frame
+from protocol import read_frame, send_frame, split_frame
 
 ERROR_CHARS = 500  # the most characters of an error text in a record: a test's error, a load or setup detail
 MAX_DEPTH = 100  # nesting of a plain value
@@ -480,6 +480,28 @@ def _run_tests(request: dict, link: "Link") -> dict:
         ended({"passed": error is None, "error": None if error is None else describe(error),
                "memory": isinstance(error, MemoryError)})
     return {"load": {"status": "ok", "detail": ""}, "lost": link.gone}
+
+
+def read_record(record: bytes) -> dict | None:
+    """The tester's verdict from what it wrote: a frame per test as each ended, then the run's end
+    ({"load", "lost"}). A tester ended before its last frame (the run's deadline) still leaves the
+    tests it finished, marked `cut`; None: it wrote nothing readable."""
+    tests, end = [], None
+    try:
+        while (got := split_frame(record)) is not None:
+            value, record = got
+            if not isinstance(value, dict):
+                return None
+            if "test" in value:
+                tests.append(value["test"])
+            else:
+                end = value
+                break
+    except ValueError:  # not JSON
+        return None
+    if end is not None:
+        return {**end, "tests": tests}
+    return {"load": {"status": "ok", "detail": ""}, "tests": tests, "lost": False, "cut": True} if tests else None
 
 
 def run_calls(request: dict, namespace: dict, link: "Link", ended) -> bool:

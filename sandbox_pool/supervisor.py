@@ -60,7 +60,7 @@ from kernel import (
 )
 from protocol import (
     PROGRAM_COMMAND, PROGRAM_NAME, SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, TESTER_GID, TESTER_UID, frame, read_frame,
-    send_frame, split_frame, write_all,
+    send_frame, write_all,
 )
 from wait import Wait
 
@@ -198,7 +198,7 @@ class Run:
         watched = self.watch({program: "program", tester: "tester"}, until="tester", records=[record_r])
         if watched is None:
             return None
-        report = self.report(watched, tester=tester_verdict(watched["records"][record_r]))
+        report = self.report(watched, tester=runner.read_record(watched["records"][record_r]))
         report["tester_process"] = watched["processes"].get("tester")
         return report
 
@@ -611,28 +611,6 @@ class Run:
             "stdout": self.output[self.stdout][-self.tail_bytes:].decode("utf-8", "replace"),
             "stderr": self.output[self.stderr][-self.tail_bytes:].decode("utf-8", "replace"),
         }
-
-
-def tester_verdict(record: bytes) -> dict | None:
-    """The tester's verdict from what it wrote: a frame per test as each ended, then the run's end
-    ({"load", "lost"}). A tester ended before its last frame (the run's deadline) still leaves the
-    tests it finished, marked `cut`; None: it wrote nothing readable."""
-    tests, end = [], None
-    try:
-        while (got := split_frame(record)) is not None:
-            value, record = got
-            if not isinstance(value, dict):
-                return None
-            if "test" in value:
-                tests.append(value["test"])
-            else:
-                end = value
-                break
-    except ValueError:  # not JSON
-        return None
-    if end is not None:
-        return {**end, "tests": tests}
-    return {"load": {"status": "ok", "detail": ""}, "tests": tests, "lost": False, "cut": True} if tests else None
 
 
 HUNG_UP = object()  # the client hung up: the run is abandoned and answers nothing

@@ -486,30 +486,38 @@ def deepcoder_tests(spec: Any, metadata: Any) -> tuple[list[Test], str | None]:
     if not isinstance(spec, list) or not spec or not all(isinstance(case, dict) for case in spec):
         raise ValueError(f"field 'tests' should be an object of inputs and outputs or a list of cases, got {spec!r:.80}")
     if all("testtype" in case for case in spec):
-        tests = [livecodebench_test(case, "tests", i) for i, case in enumerate(livecodebench_cases(json.dumps(spec), "tests"))]
-        if not any(isinstance(t, CallTest) for t in tests):
-            return tests, None
-        name = metadata.get("func_name") if isinstance(metadata, dict) else None
-        if not isinstance(name, str) or not name:
-            raise ValueError("functional test cases need metadata's func_name, the function to call")
-        return tests, name
+        return _livecodebench_shape(spec, metadata)
     if all("type" in case for case in spec):
-        tests, names = [], set()
-        for i, case in enumerate(spec):
-            if case["type"] == "stdin_stdout" and isinstance(case.get("input"), str) and isinstance(case.get("output"), str):
-                tests.append(IOTest(stdin=case["input"], stdout=case["output"]))
-            elif case["type"] == "function_call" and isinstance(case.get("input"), list) and isinstance(case.get("fn_name"), str):
-                tests.append(CallTest(args=case["input"], accepted=apps_accepted(case.get("output"))))
-                names.add(case["fn_name"])
-            else:
-                raise ValueError(f"field 'tests': case {i} should be {{type: stdin_stdout, input: str, output: str}} or "
-                                 f"{{type: function_call, fn_name: str, input: [arguments], output}}, got {case!r:.80}")
-        if len(names) > 1:
-            raise ValueError(f"field 'tests' calls several functions: {', '.join(sorted(names))}")
-        return tests, next(iter(names), None)
+        return _primeintellect_shape(spec)
     if all(isinstance(case.get("input"), str) and isinstance(case.get("output"), str) for case in spec):
         return [IOTest(stdin=case["input"], stdout=case["output"]) for case in spec], None
     raise ValueError(f"field 'tests': cases of no known shape, e.g. {spec[0]!r:.80}")
+
+
+def _livecodebench_shape(spec: list, metadata: Any) -> tuple[list[Test], str | None]:
+    tests = [livecodebench_test(case, "tests", i) for i, case in enumerate(livecodebench_cases(json.dumps(spec), "tests"))]
+    if not any(isinstance(t, CallTest) for t in tests):
+        return tests, None
+    name = metadata.get("func_name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError("functional test cases need metadata's func_name, the function to call")
+    return tests, name
+
+
+def _primeintellect_shape(spec: list) -> tuple[list[Test], str | None]:
+    tests, names = [], set()
+    for i, case in enumerate(spec):
+        if case["type"] == "stdin_stdout" and isinstance(case.get("input"), str) and isinstance(case.get("output"), str):
+            tests.append(IOTest(stdin=case["input"], stdout=case["output"]))
+        elif case["type"] == "function_call" and isinstance(case.get("input"), list) and isinstance(case.get("fn_name"), str):
+            tests.append(CallTest(args=case["input"], accepted=apps_accepted(case.get("output"))))
+            names.add(case["fn_name"])
+        else:
+            raise ValueError(f"field 'tests': case {i} should be {{type: stdin_stdout, input: str, output: str}} or "
+                             f"{{type: function_call, fn_name: str, input: [arguments], output}}, got {case!r:.80}")
+    if len(names) > 1:
+        raise ValueError(f"field 'tests' calls several functions: {', '.join(sorted(names))}")
+    return tests, next(iter(names), None)
 
 
 def without_fence(program: str) -> str:
