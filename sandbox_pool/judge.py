@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import matching
 import runner
 
-CPP_STDOUT_MAX_BYTES = 2**20  # an executable's output is compared whole, up to this size
+# A case's stdout is compared whole, up to this size; a longer one fails (a tail compared alone could
+# hide what came before it).
+STDOUT_COMPARE_MAX_BYTES = 2**20
 NODE_OUT_OF_MEMORY = b"JavaScript heap out of memory"  # V8's last words at the heap limit
 
 
@@ -25,7 +27,7 @@ class CaseSeen:
     case_limit: bool = False  # the deadline that passed was the case's own, earlier than the run's
     oom: bool = False  # the kernel counted an out-of-memory kill while it ran
     output_exceeded: bool = False  # it wrote past the run's output limit (and was ended for it)
-    output_bytes: int = 0
+    output_bytes: int = 0  # what the case wrote on stdout (an executable's: stdout and stderr)
 
 
 def judge_case(seen: CaseSeen, test: dict, match: dict, limits: dict, calls: bool = False) -> dict:
@@ -52,7 +54,7 @@ def judge_case(seen: CaseSeen, test: dict, match: dict, limits: dict, calls: boo
         return _end("lost", "the program's process stopped answering")
     if sig is not None or code != 0:
         return _end("crash", _crash(seen))
-    if not python and (seen.output_exceeded or seen.output_bytes > CPP_STDOUT_MAX_BYTES):
+    if seen.output_exceeded or seen.output_bytes > STDOUT_COMPARE_MAX_BYTES:
         return _end("output", "output too long to compare")
     return _compare(seen.stdout.decode("utf-8", "replace"), test, match, calls)
 

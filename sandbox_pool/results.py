@@ -46,7 +46,8 @@ class Limits(BaseModel):
     output_mb: int = Field(8, gt=0, description="stdout and stderr together; more ends the run as a runtime_error")
     scratch_mb: int = Field(64, gt=0, description="size of the run's private /tmp, /var/tmp and /dev/shm (tmpfs)")
     output_tail_kb: int = Field(
-        4, gt=0, le=1024, description="how much of the end of stdout and of stderr a result carries, in KiB"
+        4, gt=0, le=64 * 1024, description="how much of the end of stdout and of stderr a result carries, in KiB (at "
+        "output_mb's size or more: all of it)"
     )
     case_timeout_s: float | None = Field(
         None, gt=0, description="wall-clock time of one stdin/stdout or call case (a contest's time limit); "

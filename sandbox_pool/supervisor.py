@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import confine
 import runner
 from confine import CLONE_NEWNS, CLONE_NEWPID
-from judge import CPP_STDOUT_MAX_BYTES, CaseSeen, judge_case
+from judge import STDOUT_COMPARE_MAX_BYTES, CaseSeen, judge_case
 from kernel import (
     MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_PDEATHSIG, SandboxKiller, check, enter_root, fork_new_pid_namespace,
     kill_all_of, libc, oom_kills, processes_of, remove, set_command_line, write,
@@ -243,7 +243,7 @@ class Run:
             heap = f"--max-old-space-size={self.limits['memory_mb']}"
             argv = ["node", heap, "call_harness.js", str(tail["entry_point"])] if calls else ["node", heap, "prog.js"]
         outcomes, match = [], tail.get("match") or DEFAULT_MATCH
-        self.keep_bytes = CPP_STDOUT_MAX_BYTES  # the whole output, to compare
+        self.keep_bytes = max(STDOUT_COMPARE_MAX_BYTES, self.tail_bytes)  # the whole output, to compare and return
         for test in tail["tests"]:
             self.reset_output()
             stdin_r, stdin_w = os.pipe()
@@ -287,7 +287,7 @@ class Run:
         self.close_output_ends()
         tail = read_frame(self.in_fd)  # the cases: only now, with the program's process forked
         match = tail.get("match") or DEFAULT_MATCH
-        self.keep_bytes = CPP_STDOUT_MAX_BYTES  # each case's whole output, to compare
+        self.keep_bytes = max(STDOUT_COMPARE_MAX_BYTES, self.tail_bytes)  # each case's whole output, to compare and return
         cases = Cases(self, control, server)
         try:
             load = cases.receive()
@@ -701,6 +701,7 @@ class Cases:
         # The case is the case server's child: ended with its pidfd, and its end comes as a message.
         wait = Wait(run, deadline, lambda: kill_case(case_fd), kill_grace=CASE_SERVER_GRACE_S)
         wait.read_output(counted={run.stdout})
+        written_before = run.output_bytes  # the run's count goes on across its cases
         wait.feed(stdin_w, test["stdin"].encode())
         self.listen(wait, answers, first_only=False)
         try:
@@ -715,7 +716,7 @@ class Cases:
             self.gone = True  # the case server did not say how the case ended
         seen = CaseSeen("python", ended or {}, run.output[run.stdout], run.output[run.stderr], timed_out=wait.timed_out,
                         case_limit=deadline < run.deadline, oom=run.oom_count() > oom_before,
-                        output_exceeded=run.output_exceeded)
+                        output_exceeded=run.output_exceeded, output_bytes=run.output_bytes - written_before)
         outcome = judge_case(seen, test, match, run.limits)
         run.output_exceeded = False
         outcome["stdout"] = run.output[run.stdout][-run.tail_bytes:].decode("utf-8", "replace")

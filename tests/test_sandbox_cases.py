@@ -124,6 +124,22 @@ def test_hundreds_of_cases_run_in_one_run(sandbox):
     assert result.detail.startswith("case 217: ")
 
 
+def test_an_output_too_long_to_compare_fails_whatever_its_end(sandbox):
+    """A case's stdout is compared whole or not at all: over 1 MiB, what a compared tail would show
+    (spaces, then the right answer) does not pass, in any language."""
+    pad = 2**20 + 10
+    python = f"print('9' * 100 + ' ' * {pad} + '42')\n"
+    cpp = (f"#include <cstdio>\nint main(){{for(int i=0;i<100;i++)putchar('9');for(int i=0;i<{pad};i++)putchar(' ');"
+           "puts(\"42\");return 0;}\n")
+    for language, program in [("python", python), ("cpp", cpp)]:
+        result = run(sandbox, program, [IOTest(stdout="42\n")], language=language)
+        assert result.status is Status.runtime_error, (language, result.detail)
+        assert result.tests[0].error == "output too long to compare"
+    # under the size, the same output is compared as a whole, and so fails as a wrong answer
+    short = run(sandbox, "print('9' * 100 + ' ' * 1000 + '42')\n", [IOTest(stdout="42\n")])
+    assert short.status is Status.failed
+
+
 def test_each_case_starts_from_a_fresh_program(sandbox):
     counter = "import sys\ncount = 0\ndef step():\n    global count\n    count += 1\n    return count\n" \
               "step()\nprint(count + int(input()))\n"
