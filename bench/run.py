@@ -31,6 +31,7 @@ BENCHMARKS = {
     "learner": "bench.bench_learner",
     "reward_service": "bench.bench_reward_service",
     "reward_load": "bench.bench_reward_load",
+    "run_code": "bench.bench_run_code",
     "pipeline": "bench.bench_pipeline",
     "trl": "bench.bench_trl",
     "lora": "bench.bench_lora",

@@ -1,4 +1,4 @@
-"""The `coderloo` command: train, eval, plan, report, tasks."""
+"""The `coderloo` command: train, eval, serve, plan, report, tasks, sandbox, config."""
 from __future__ import annotations
 
 import argparse
@@ -178,6 +178,36 @@ def cmd_sandbox_check(args) -> int:
     return 0 if complete else 1
 
 
+def cmd_serve(args) -> int:
+    """The reward service alone, for other trainers and evaluation scripts, until Ctrl-C or SIGTERM."""
+    import signal
+    import threading
+
+    import ray
+    from ray import serve
+
+    from coderloo.runtime import init_ray
+    from reward_service.app import deploy
+
+    config = _config(args)
+    init_ray(address=config.ray_address)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        deploy(config.reward)
+        url = f"http://{args.host}:{args.port}"
+        print(f"reward service at {url}: POST /v1/rewards, /v1/run, /v1/openrlhf (OpenRLHF's remote reward), /run_code "
+              "(SandboxFusion's); GET /v1/ping, /healthz, /metrics, /docs. Ctrl-C stops it.", flush=True)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
 def cmd_config_schema(args) -> int:
     print(json.dumps(config_schema(), indent=2))
     return 0
@@ -205,6 +235,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. learner.lr=1e-5")
         p.set_defaults(fn=fn)
         add_arguments(p)
+    p = sub.add_parser("serve", help="the reward service alone over HTTP: coderloo's API, SandboxFusion's /run_code, "
+                       "OpenRLHF's remote reward")
+    p.add_argument("--config", default=None, help="YAML config (default: the embedded defaults): its reward section")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8080, help="the HTTP port (default 8080, SandboxFusion's)")
+    p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. reward.pool.max_executors=8")
+    p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("report", help="rebuild a run's report.html and training.png from its metrics.jsonl and samples.jsonl")
     p.add_argument("run_dir", help="the run directory (train.output_dir)")
     p.set_defaults(fn=cmd_report)

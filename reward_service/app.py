@@ -3,6 +3,8 @@ code interpreter) for a DeploymentHandle (the controller's path, no HTTP).
 
     handle = serve.run(build_app(ServiceConfig()), name="rewards", route_prefix="/")
     response = handle.score.remote(RewardRequest(items=[...])).result()
+
+`deploy` serves it with SandboxFusion's /run_code in front of it (reward_service.fusion).
 """
 from __future__ import annotations
 
@@ -27,13 +29,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reward_service.attribution import token_rewards
 from reward_service.config import ServiceConfig
+from reward_service.fusion import SandboxFusion
 from reward_service.interpreter import run_request, run_results
+from reward_service.peers import OpenRLHFRequest, OpenRLHFResponse, label_task, openrlhf_response
 from reward_service.schemas import RewardRequest, RewardResponse, RunRequest, RunResponse
 from reward_service.scorer import RewardScorer, SandboxInfraError
 from reward_service.tasks import Task, load_jsonl
-from sandbox_pool import SandboxPool
+from sandbox_pool import ExecutionRequest, ExecutionResult, SandboxPool
 
 Answer = TypeVar("Answer")
+RUN_CODE_ONGOING = 4096  # /run_code requests one front replica holds at once (each an await)
 
 
 class BodyLimit:
@@ -159,6 +164,11 @@ class RewardService:
         interpreter; the handle's entry point). In a thread, as `score`."""
         return await self._in_thread(self._run, request, self._resolve(request))
 
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run one sandbox request in this replica's pool (SandboxFusion's /run_code; the handle's
+        entry point only: its caller checked the request). In a thread, as `score`."""
+        return (await self._in_thread(self.pool.run, [request]))[0]
+
     async def _answer(self, path: str, answer: Awaitable[Answer]) -> Answer:
         """An HTTP route's answer, with its metrics; a sandbox failure is a 503 with Retry-After."""
         start, code = time.perf_counter(), 200
@@ -181,9 +191,35 @@ class RewardService:
     async def rewards(self, request: RewardRequest) -> RewardResponse:
         return await self._answer("/v1/rewards", self.score(request))
 
+    def _openrlhf_tasks(self, request: OpenRLHFRequest) -> list[Task]:
+        if len(request.query) > self.config.max_batch:
+            raise HTTPException(413, f"batch of {len(request.query)} queries is over the limit of {self.config.max_batch}")
+        try:
+            return [label_task(label, f"labels[{i}]", prompt, self.tasks)
+                    for i, (label, prompt) in enumerate(zip(request.labels, request.prompts))]
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
+
+    async def openrlhf(self, request: OpenRLHFRequest) -> OpenRLHFResponse:
+        tasks = self._openrlhf_tasks(request)
+        rewards = await self._in_thread(self.scorer.score, tasks, request.responses())
+        for r in rewards:
+            self.metrics.outcomes.labels(r.status.value).inc()
+        return openrlhf_response(rewards)
+
+    @app.post("/v1/openrlhf", response_model=OpenRLHFResponse)
+    async def openrlhf_rewards(self, request: OpenRLHFRequest) -> OpenRLHFResponse:
+        """OpenRLHF's remote reward protocol (reward_service.openrlhf); a sandbox failure is a 503, which it retries."""
+        return await self._answer("/v1/openrlhf", self.openrlhf(request))
+
     @app.post("/v1/run", response_model=RunResponse)
     async def interpret(self, request: RunRequest) -> RunResponse:
         return await self._answer("/v1/run", self.run(request))
+
+    @app.get("/v1/ping")
+    async def ping(self) -> str:
+        """SandboxFusion's liveness check."""
+        return "pong"
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, str]:
@@ -215,3 +251,17 @@ def deployment_options(config: ServiceConfig) -> dict:
 def build_app(config: ServiceConfig):
     """The Serve application, with its replicas, autoscaling and queue from the config."""
     return RewardService.options(**deployment_options(config)).bind(config)
+
+
+def deploy(config: ServiceConfig, name: str = "rewards") -> serve.handle.DeploymentHandle:
+    """The service at / and, in front of its replicas, SandboxFusion's POST /run_code (its own small
+    deployment: reward_service.fusion), on the running Serve instance's HTTP proxy. Returns the
+    service's handle."""
+    handle = serve.run(build_app(config), name=name, route_prefix="/")
+    # It only waits on the replicas: no CPU of its own, and room for every client's request, so
+    # that a full queue is the replicas' (answered 504), never its own (Serve's 503).
+    fusion = SandboxFusion.options(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=RUN_CODE_ONGOING,
+                                   max_queued_requests=-1)
+    serve.run(fusion.bind(name, config.limits, config.run_code_max_memory_mb, config.max_body_bytes), name=f"{name}-run-code",
+              route_prefix="/run_code")
+    return handle

@@ -37,6 +37,9 @@ class ServiceConfig(Section):
     client_linger_ms: float = Field(
         5.0, ge=0, description="How long a submit's items wait for others to join their request (0: each submit is "
         "sent at once, in requests of its own); `collect` sends a waiting request at once.")
+    run_code_max_memory_mb: int = Field(
+        4096, ge=1, description="The most memory a SandboxFusion /run_code request may ask (memory_limit_MB); more is "
+        "refused (422). Its default, -1, takes limits.memory_mb.")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body (more: 413).")
     replica_cpus: float = Field(0.5, gt=0, description="CPUs Ray reserves for each replica.")
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
