@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from coderloo.config import Config
 from coderloo.console import RunConsole
-from coderloo.runtime import init_ray, metrics_endpoint
+from coderloo.runtime import dashboard_url, init_ray, metrics_endpoint
 from learner.critic import OnlineCritic
 from learner.group import LearnerGroup
 from reward_service.client import RewardClient
@@ -57,10 +57,13 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
     console shows no more of the actors' dying lines."""
     actors, starts_ray = Actors(), not ray.is_initialized()
     try:
-        init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port if run else None)
+        init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port if run else None,
+                 dashboard=config.dashboard)
         console.attach_ray()
         if run:
-            tqdm.write(f"run {run}: Ray metrics (Prometheus) at {metrics_endpoint()}; logs in {console.directory}")
+            dashboard = dashboard_url()
+            seen = f"Ray dashboard at {dashboard}; " if dashboard else ""
+            tqdm.write(f"run {run}: {seen}Ray metrics (Prometheus) at {metrics_endpoint()}; logs in {console.directory}")
         else:
             print(f"logs in {console.directory}", file=sys.stderr)
         # The engines, the critic, Serve's deployment and the learner's set-up each wait mostly on

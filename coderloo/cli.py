@@ -186,20 +186,21 @@ def cmd_serve(args) -> int:
     import ray
     from ray import serve
 
-    from coderloo.runtime import init_ray
+    from coderloo.runtime import dashboard_url, init_ray
     from reward_service.app import deploy
 
     config = _config(args)
-    init_ray(address=config.ray_address)
+    init_ray(address=config.ray_address, dashboard=config.dashboard)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         deploy(config.reward)
-        url = f"http://{args.host}:{args.port}"
+        url, dashboard = f"http://{args.host}:{args.port}", dashboard_url()
         print(f"reward service at {url}: POST /v1/rewards, /v1/run, /v1/openrlhf (OpenRLHF's remote reward), /run_code "
-              "(SandboxFusion's); GET /v1/ping, /healthz, /metrics, /docs. Ctrl-C stops it.", flush=True)
+              "(SandboxFusion's); GET /v1/ping, /healthz, /metrics, /docs. " + (f"Ray dashboard at {dashboard}. " if dashboard else "")
+              + "Ctrl-C stops it.", flush=True)
         while not stop.wait(1.0):
             pass
     finally:

@@ -208,6 +208,9 @@ class Config(Section):
     )
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray_address: str | None = Field(default=None, description="Address of a Ray cluster to join (None: start a local one).")
+    dashboard: bool = Field(
+        default=True, description="Local cluster only: serve Ray's dashboard on 127.0.0.1 (port 8265, or the next free "
+        "one), its address on the run's first line; off for the soak. A cluster's is the cluster's (cluster.yaml).")
     metrics_export_port: int | None = Field(
         default=None, ge=1, le=65535,
         description="Local cluster only: port of Ray's Prometheus endpoint on 127.0.0.1 (None: a free one, printed at "

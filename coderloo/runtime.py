@@ -36,10 +36,12 @@ LOCAL_SANDBOX_SLOTS = 64
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def init_ray(num_cpus: int | None = None, address: str | None = None, metrics_export_port: int | None = None) -> None:
+def init_ray(num_cpus: int | None = None, address: str | None = None, metrics_export_port: int | None = None,
+             dashboard: bool = False) -> None:
     """Start (or join, when `address` is given) a Ray cluster; a local one stays on 127.0.0.1,
-    offers the `sandbox` resource for the sandbox pool's executors, and serves Ray's Prometheus
-    endpoint on `metrics_export_port` (None: a free port Ray picks; see `metrics_endpoint`)."""
+    offers the `sandbox` resource for the sandbox pool's executors, serves Ray's Prometheus
+    endpoint on `metrics_export_port` (None: a free port Ray picks; see `metrics_endpoint`) and,
+    with `dashboard`, Ray's dashboard (`dashboard_url`)."""
     import ray
 
     apply_env_defaults()
@@ -59,17 +61,26 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, metrics_ex
         address="local",
         num_cpus=num_cpus,
         resources={"sandbox": LOCAL_SANDBOX_SLOTS},
-        include_dashboard=False,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
         _node_ip_address="127.0.0.1",
         _metrics_export_port=metrics_export_port,
         # Metrics reach the endpoint every 2 s rather than 10 s: a short run shows on it. The GCS
         # keeps the events of the last 10,000 tasks (with Ray's default, 100,000, its memory grew
-        # step after step in the soak: bench/results.md, "soak"; without the dashboard nothing
-        # reads them).
+        # step after step in the soak: bench/results.md, "soak"); the dashboard's task views show
+        # those.
         _system_config={"metrics_report_interval_ms": 2000, "task_events_max_num_task_in_gcs": 10_000},
         runtime_env={"env_vars": env_vars},
         log_to_driver=True,
     )
+
+
+def dashboard_url() -> str | None:
+    """The URL of the Ray dashboard of the cluster this process is connected to; None without one."""
+    import ray
+
+    url = ray._private.worker.global_worker.node.address_info.get("webui_url")
+    return f"http://{url}" if url else None
 
 
 def metrics_endpoint() -> str:

@@ -75,7 +75,8 @@ def ray_cluster():
 
     import ray
 
-    init_ray(num_cpus=4)  # with the `sandbox` resource for the sandbox pool
+    # with the `sandbox` resource for the sandbox pool, and the dashboard a run opens (test_end_to_end)
+    init_ray(num_cpus=4, dashboard=True)
     yield ray
     ray.shutdown()
 

@@ -4,8 +4,6 @@ whose screenshot must show them. A missing Chromium is a failure: the report is 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -13,30 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from browser import run_chromium
 from coderloo.cli import main
 from coderloo.config import dump_config, load_config
 from coderloo.report import _inline_json, write_report
 
 HOSTILE = '</script><script>document.title = "pwned"</script><img src=x onerror="document.body.dataset.pwned = 1"> & <!--'
 FAMILIES = ["synthetic/add_const", "synthetic/reverse_list", "synthetic/sum_digits"]
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.fail("tests/test_report.py needs headless Chromium to open report.html: "
-                    "`apt-get install -y chromium` (Debian; .ci/run installs it)")
-    return path
-
-
-def run_chromium(tmp_path: Path, *args: str) -> str:
-    """Headless Chromium on a file:// page, with a throwaway profile; nothing is served or fetched."""
-    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-               "--disable-extensions", "--disable-background-networking", "--disable-component-update",
-               f"--user-data-dir={tmp_path / 'chromium-profile'}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 class DomCount(HTMLParser):
