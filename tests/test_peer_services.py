@@ -294,7 +294,7 @@ def test_a_sandbox_failure_is_a_sandbox_error_never_a_failed_run(service, verl):
     from reward_service.peers import CoderlooReward, ServiceUnavailable, compute_score
 
     with pytest.raises(ServiceUnavailable, match="503"):
-        CoderlooReward(service, retries=1)(["p"], ["```python\nprint(3)\n```"], None, task=[json.dumps(SUM_CASES)])
+        CoderlooReward(service, retries=0)(["p"], ["```python\nprint(3)\n```"], None, task=[json.dumps(SUM_CASES)])
     with pytest.raises(ServiceUnavailable):
         compute_score("code", "```python\nprint(3)\n```", json.dumps(SUM_CASES), url=service, retries=0)
 

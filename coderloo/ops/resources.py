@@ -5,7 +5,7 @@ every `train.resources_every` RL steps as a `resources` record of metrics.jsonl;
 decides from those records whether anything grows.
 
 Each process is one series under a stable label (`learner-0`, `rollout-1`, `sandbox-0`,
-`reward-replica-0`, `serve-controller`, `raylet`, `driver`, ...): a restarted actor keeps its
+`reward-replica-0`, `serve-controller`, `raylet`, `dashboard`, `driver`, ...): a restarted actor keeps its
 label, so its series continues. Keys are flat, as a metrics line holds them:
 
 - `rss_mb/<label>`: resident memory of the process and of its descendants that are not sampled
@@ -21,7 +21,7 @@ label, so its series continues. Keys are flat, as a metrics line holds them:
 
 Only this node is sampled (the soak runs on one machine); actors on other nodes of a cluster are
 not. Actors come from Ray's actor table in the GCS (`ray._private.state.actors`): the state API
-(`ray.util.state`) needs the dashboard, which a local run does not start. On a cluster that other
+(`ray.util.state`) needs the dashboard, which a run may leave off (`dashboard: false`). On a cluster that other
 runs share, their actors on this node are sampled too.
 """
 from __future__ import annotations
@@ -56,6 +56,7 @@ LABELS = [
 # Labels numbered even when there is one: the pool scales its executors, Serve its replicas.
 ALWAYS_NUMBERED = {"sandbox", "reward-replica"}
 RAY_NODE_PROCESSES = {"raylet", "gcs_server"}  # Ray's own, when this process started the local cluster
+DASHBOARD_SCRIPT = "dashboard/dashboard.py"  # the dashboard's head process runs this script, when there is one
 
 
 def actor_label(class_name: str, name: str) -> tuple[str, int | None]:
@@ -118,6 +119,8 @@ class ResourceSampler:
         for pid in _descendants(os.getpid(), children, set()):  # Ray's node processes, when we started them
             if table[pid].info["name"] in RAY_NODE_PROCESSES:
                 roots[table[pid].info["name"].replace("_", "-")] = pid
+            elif any(arg.endswith(DASHBOARD_SCRIPT) for arg in table[pid].info["cmdline"] or ()):
+                roots["dashboard"] = pid  # its head process, with the modules it starts
         root_pids = set(roots.values())
         values: dict[str, float] = {}
         for label, pid in sorted(roots.items()):
