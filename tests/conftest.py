@@ -75,8 +75,7 @@ def ray_cluster():
 
     import ray
 
-    # with the `sandbox` resource for the sandbox pool, and the dashboard a run opens (test_end_to_end)
-    init_ray(num_cpus=4, dashboard=True)
+    init_ray(num_cpus=4)  # with the `sandbox` resource for the sandbox pool
     yield ray
     ray.shutdown()
 
