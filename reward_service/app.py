@@ -155,7 +155,7 @@ class RewardService:
 
     def _run(self, request: RunRequest, tasks: list[Task]) -> RunResponse:
         limits = self.config.limits
-        requests = [run_request(t, item.program, item.stdin, limits) for t, item in zip(tasks, request.items, strict=True)]
+        requests = [run_request(item.program, item.stdin, t.language, t.run_limits(limits)) for t, item in zip(tasks, request.items, strict=True)]
         results = self.pool.run(requests)
         return RunResponse(items=run_results(tasks, results, limits))
 
@@ -209,7 +209,7 @@ class RewardService:
 
     @app.post("/v1/openrlhf", response_model=OpenRLHFResponse)
     async def openrlhf_rewards(self, request: OpenRLHFRequest) -> OpenRLHFResponse:
-        """OpenRLHF's remote reward protocol (reward_service.openrlhf); a sandbox failure is a 503, which it retries."""
+        """OpenRLHF's remote reward protocol (reward_service.peers); a sandbox failure is a 503, which it retries."""
         return await self._answer("/v1/openrlhf", self.openrlhf(request))
 
     @app.post("/v1/run", response_model=RunResponse)

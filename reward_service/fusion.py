@@ -24,8 +24,8 @@ from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reward_service.interpreter import EXIT_CODE, KILLED
-from sandbox_pool import ExecutionRequest, ExecutionResult, IOTest, Limits, Status
+from reward_service.interpreter import EXIT_CODE, KILLED, run_request
+from sandbox_pool import ExecutionRequest, ExecutionResult, Limits, Status
 
 # SandboxFusion's language names -> the sandbox's
 LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript"}
@@ -106,8 +106,7 @@ def execution_request(request: RunCodeRequest, limits: Limits, max_memory_mb: in
         "wall_timeout_s": request.compile_timeout, "case_timeout_s": request.run_timeout, "memory_mb": memory,
         "output_tail_kb": limits.output_mb * 1024,
     })
-    return ExecutionRequest(program=request.code, tests=[IOTest(stdin=request.stdin or "", stdout="")],
-                            language=LANGUAGES[request.language], limits=run_limits)
+    return run_request(request.code, request.stdin or "", LANGUAGES[request.language], run_limits)
 
 
 def response(request: RunCodeRequest, result: ExecutionResult) -> RunCodeResponse:

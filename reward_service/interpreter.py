@@ -25,11 +25,10 @@ TIME_LIMIT = re.compile(r"exceeded the (case time|wall-clock|CPU time) limit of 
 TRACEBACK = "Traceback (most recent call last):"
 
 
-def run_request(task: Task, program: str, stdin: str, limits: Limits) -> ExecutionRequest:
-    """The sandbox request that runs `program` once with `stdin`, in the task's language and limits.
-    The expected output is a placeholder: whatever the program prints, it is not judged."""
-    return ExecutionRequest(program=program, tests=[IOTest(stdin=stdin, stdout="")], language=task.language,
-                            limits=task.run_limits(limits))
+def run_request(program: str, stdin: str, language: str, limits: Limits) -> ExecutionRequest:
+    """The sandbox request that runs `program` once with `stdin` (the interpreter's runs, SandboxFusion's
+    /run_code). The expected output is a placeholder: whatever the program prints, it is not judged."""
+    return ExecutionRequest(program=program, tests=[IOTest(stdin=stdin, stdout="")], language=language, limits=limits)
 
 
 def run_results(tasks: list[Task], results: list[ExecutionResult], limits: Limits) -> list[RunResult]:
