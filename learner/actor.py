@@ -142,6 +142,7 @@ class Learner(WeightSource):
         if self.reference is not None:
             self.reference.to(self.engine.device)
         self.grad_norm: float | None = None
+        self.step_start_pass_always = False  # tests: the separate pass where one mini-batch needs none
 
     def _engine(self, model, lr: float):
         """A DeepSpeed engine of `model` with its own AdamW (the policy's; the value model's)."""
@@ -248,18 +249,21 @@ class Learner(WeightSource):
         minis = [([pack(m, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
-        # stale weights), which truncated importance sampling corrects.
-        with torch.no_grad():
-            step_start, entropy_sum = [], 0.0
-            for micros, _, _ in minis:
-                step_start.append([])
-                for b in micros:
-                    logprobs, entropy = self._logprobs(self.engine, b, temperature, entropy=True)
-                    step_start[-1].append(logprobs)
-                    entropy_sum += entropy
-        diffs = torch.cat(
-            [(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for (micros, _, _), olds in zip(minis, step_start) for b, o in zip(micros, olds)]
-        )
+        # stale weights), which truncated importance sampling corrects. With one mini-batch the
+        # training forward runs on the step's starting weights: its own logprobs, detached, are
+        # those, and a separate pass would compute them again (verl and TRL skip it too).
+        separate_pass = len(minis) > 1 or self.step_start_pass_always
+        step_start, entropy_sum = [], 0.0
+        if separate_pass:
+            with torch.no_grad():
+                for micros, _, _ in minis:
+                    step_start.append([])
+                    for b in micros:
+                        logprobs, entropy = self._logprobs(self.engine, b, temperature, entropy=True)
+                        step_start[-1].append(logprobs)
+                        entropy_sum += entropy
+        else:
+            step_start = [[None] * len(micros) for micros, _, _ in minis]
         totals: dict[str, float] = {}
         passes = sum(len(micros) for micros, _, _ in minis)
         finite, skipped, skipped_value = True, 0, 0  # non-finite losses of the mini-batch; optimizer steps not taken
@@ -268,8 +272,11 @@ class Learner(WeightSource):
         separate_value = train_value and not self.shared_value
         if separate_value:
             self._value_model().train()
+        step_starts = []  # each micro-batch's, in order, for the sampler/learner difference
         for (micros, normalizer, tokens), olds in zip(minis, step_start):
             for batch, step_start_logprobs in zip(micros, olds):
+                if step_start_logprobs is not None:
+                    step_starts.append(step_start_logprobs)
                 reference_logprobs = None
                 if kl_coef > 0:
                     with torch.no_grad():
@@ -278,8 +285,15 @@ class Learner(WeightSource):
                 if train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
                     device = self.engine.device
                     hidden, values = hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))
+                if separate_pass:
+                    logprobs = self._logprobs(self.engine, batch, temperature, hidden=hidden)
+                else:
+                    logprobs, entropy = self._logprobs(self.engine, batch, temperature, entropy=True, hidden=hidden)
+                    entropy_sum += entropy
+                    step_start_logprobs = logprobs.detach()
+                    step_starts.append(step_start_logprobs)
                 inputs = LossInputs(
-                    logprobs=self._logprobs(self.engine, batch, temperature, hidden=hidden), step_start_logprobs=step_start_logprobs,
+                    logprobs=logprobs, step_start_logprobs=step_start_logprobs,
                     sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
                     reference_logprobs=reference_logprobs,
                 )
@@ -306,6 +320,8 @@ class Learner(WeightSource):
                 totals["value_grad_norm"], value_applied = self._step_engine(self.value_engine, finite)
                 skipped_value += not value_applied
             finite = True
+        batches = [b for micros, _, _ in minis for b in micros]
+        diffs = torch.cat([(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for b, o in zip(batches, step_starts)])
         totals["grad_norm"] = self.grad_norm
         totals["skipped_optimizer_steps"] = float(skipped)
         if separate_value:
@@ -315,8 +331,8 @@ class Learner(WeightSource):
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
         totals["tokens"] = float(diffs.numel())
         totals["entropy_sum"] = entropy_sum  # the policy's at the step's start, over the trained tokens
-        totals["sequence_tokens_sum"] = float(sum(b.sequence_tokens for micros, _, _ in minis for b in micros))
-        totals["batch_tokens_sum"] = float(sum(b.input_ids.numel() for micros, _, _ in minis for b in micros))  # padding included
+        totals["sequence_tokens_sum"] = float(sum(b.sequence_tokens for b in batches))
+        totals["batch_tokens_sum"] = float(sum(b.input_ids.numel() for b in batches))  # padding included
         # What the step freed leaves the process before the push and the next step's rollouts need
         # memory: glibc keeps a fragmented heap's freed pages otherwise (a one-off measurement:
         # bench/results.md, "one-off measurements").

@@ -44,6 +44,9 @@ class ChunkedHead(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, entropy: bool):
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.chunk, ctx.entropy = temperature, chunk, entropy
+        # An output the loss does not use gets None, not zeros: entropies read as a statistic
+        # alongside a trained logprob cost no backward work.
+        ctx.set_materialize_grads(False)
         logprobs, entropies = [], []
         for start in range(0, len(targets), chunk):
             logp = _log_softmax(hidden[start:start + chunk], weight, temperature)
@@ -59,6 +62,8 @@ class ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropies=None):
         hidden, weight, targets = ctx.saved_tensors
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros(len(targets), dtype=at_least_fp32(hidden).dtype, device=hidden.device)
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=at_least_fp32(weight).dtype) if ctx.needs_input_grad[1] else None
         for start in range(0, len(targets), ctx.chunk):

@@ -86,6 +86,31 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
     assert torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
 
 
+def test_one_mini_batch_takes_its_step_start_logprobs_from_the_training_forward(ray_cluster, tiny_model, tmp_path):
+    """With one mini-batch the separate step-start pass is skipped: the update, the policy's
+    entropy and the sampler/learner difference are those of the pass, to the bit (fp32)."""
+    _, sequences = batch(tiny_model)
+    results = {}
+    for pass_always in (True, False):
+        config = LearnerConfig(optimizer_steps=1, max_tokens_per_micro_batch=256, lr=1e-3, kl={"coef": 0.05})
+        learner = LearnerGroup(str(tiny_model), config)
+        try:
+            ray.get(learner.ranks[0].__ray_call__.remote(lambda self, on: setattr(self, "step_start_pass_always", on), pass_always))
+            stats = [learner.train_step(sequences, *loss(config)) for _ in range(2)]
+            results[pass_always] = stats, saved_weights(learner, tmp_path / str(pass_always))
+        finally:
+            learner.kill()
+    (with_pass, weights), (shortcut, shortcut_weights) = results[True], results[False]
+    initial = load_causal_lm(tiny_model).state_dict()
+    assert any(not torch.equal(weights[n], initial[n]) for n in initial)
+    for name in initial:
+        assert torch.equal(shortcut_weights[name], weights[name]), name
+    for before, after in zip(with_pass, shortcut):
+        for key in ("loss", "grad_norm", "entropy", "sampler_logprob_diff_mean", "sampler_logprob_diff_max", "tokens", "kl"):
+            assert after[key] == before[key], key
+    assert with_pass[1]["entropy"] != with_pass[0]["entropy"] > 0  # the statistic follows the policy
+
+
 # One learner step with each aggregation (the last one also at sequence level, GSPO, with clip-higher).
 AGGREGATION_STEPS = [
     ClipLoss(aggregation="token_mean"),
