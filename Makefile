@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install train test test-fast test-machine coverage docs bench soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
+.PHONY: install train test test-fast test-machine coverage docs bench bench-quick soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ sandbox-image: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# The hot paths' benchmarks in smaller runs (about 8 minutes), each figure next to the committed one
+# in bench/results.json: run it before a change to a hot path lands (bench/quick.py).
+bench-quick: $(STAMP)
+	$(PY) -m bench.quick
 
 # A long run of the default pipeline that samples what each process holds, then the verdict
 # (coderloo/ops/soak.py); exits non-zero when a series grows. It replaces the last soak's runs/soak.

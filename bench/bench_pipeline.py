@@ -1,6 +1,7 @@
 """Asynchronous against synchronous training: the same default config and number of steps.
 
     python -m bench.bench_pipeline     # BENCH_PIPELINE_STEPS=20 RL steps, BENCH_PIPELINE_REPEATS=3 runs each
+                                       # BENCH_PIPELINE_MODES="sync async" (bench/quick.py: sync alone)
 
 Training runs of the default config (SFT warm-up, then RL), with `train.max_staleness=0`
 (generate, score, train, push, in turn) and with 1 (step t+1 is generated and scored while the
@@ -47,6 +48,7 @@ STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "20"))
 TIMELINE = {"step": "time_step_s", "generation (scoring alongside)": "time_generate_s", "scoring after generation": "time_score_tail_s",
             "learning": "time_learn_s", "push": "time_sync_s"}
 REPEATS = int(os.environ.get("BENCH_PIPELINE_REPEATS", "3"))
+MODES = {mode: {"sync": 0, "async": 1}[mode] for mode in os.environ.get("BENCH_PIPELINE_MODES", "sync async").split()}
 PARTS_REPEATS = 3
 PARTS = ("generation", "scoring", "learning", "push")
 
@@ -129,17 +131,22 @@ def parts_alone(out: str) -> dict[str, float]:
 
 def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-pipeline-")
-    runs = alternating(REPEATS, {mode: lambda i, mode=mode, s=staleness: run(s, f"{root}/{mode}-{i}")
-                                 for mode, staleness in (("sync", 0), ("async", 1))})
+    runs = alternating(REPEATS, {mode: lambda i, mode=mode, s=staleness: run(s, f"{root}/{mode}-{i}") for mode, staleness in MODES.items()})
     median = medians({mode: [{k: v for k, v in r.items() if k != "timeline"} for r in rs] for mode, rs in runs.items()})
-    ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs["sync"], runs["async"])]
     print(f"pipeline, default config, {STEPS} RL steps each (no mid-run evals), medians of {REPEATS} runs each")
     for mode, r in median.items():
         each = ", ".join(f"{x['samples_per_s']:.1f}" for x in runs[mode])
         print(f"  {mode:5s}  {r['samples_per_s']:6.1f} samples/s (runs: {each})  learner idle {r['learner_idle']:5.1%}  "
               f"RL {r['rl_seconds']:6.0f} s  final pass@1 {r['pass@1']:.3f}  greedy {r['greedy_pass@1']:.3f}")
-    print(f"  async / sync: {median['async']['samples_per_s'] / median['sync']['samples_per_s']:.2f}x samples/s "
-          f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in ratios)})")
+    figures = []
+    if len(median) == 2:
+        ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs["sync"], runs["async"])]
+        print(f"  async / sync: {median['async']['samples_per_s'] / median['sync']['samples_per_s']:.2f}x samples/s "
+              f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in ratios)})")
+        figures.append(comparison(f"pipeline, {STEPS} RL steps, median of {REPEATS}", "samples/s", "async",
+                                  {mode: r["samples_per_s"] for mode, r in median.items()}, key="pipeline, async against sync"))
+    if "sync" not in runs:
+        return figures
     timeline = {name: statistics.median(r["timeline"][name] for r in runs["sync"]) for name in TIMELINE}
     step = timeline.pop("step")
     print(f"  a sync step, median over steps 2-{STEPS} and the {REPEATS} runs: {step:.3f} s")
@@ -155,8 +162,10 @@ def main() -> list[dict]:
     for part, seconds in alone.items():
         print(f"    {part:32s} {seconds:7.3f} s")
     print(f"    {'sum of the parts':32s} {total:7.3f} s;  step / sum {last / total:.2f}x")
-    return [comparison(f"pipeline, {STEPS} RL steps, median of {REPEATS}", "samples/s", "async",
-                       {mode: r["samples_per_s"] for mode, r in median.items()})]
+    figures.append(comparison(f"a sync step against the sum of its parts alone, {STEPS} RL steps", "s", "sync step",
+                              {"sync step": last, "sum of the parts": total, **alone}, lower_is_better=True,
+                              key="pipeline, a sync step against its parts"))
+    return figures
 
 
 if __name__ == "__main__":

@@ -12,12 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def comparison(title: str, unit: str, ours: str, values: dict[str, float], lower_is_better: bool = False) -> dict:
-    """One figure: `values` by label, in `unit`; `ours` is the label the others are measured against."""
+def comparison(title: str, unit: str, ours: str, values: dict[str, float], lower_is_better: bool = False,
+               key: str | None = None) -> dict:
+    """One figure: `values` by label, in `unit`; `ours` is the label the others are measured against.
+    `key` names the figure across runs of other sizes (bench/quick.py finds the committed one by it;
+    without one, by its title)."""
     if ours not in values:
         raise ValueError(f"{ours!r} is not among the values {sorted(values)}")
     return {"title": title, "unit": unit, "ours": ours, "values": {k: float(v) for k, v in values.items()},
-            "lower_is_better": lower_is_better}
+            "lower_is_better": lower_is_better, "key": key or title}
 
 
 def alternating(repeats: int, runs: dict[str, Callable[[int], dict]]) -> dict[str, list[dict]]:

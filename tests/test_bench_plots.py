@@ -74,3 +74,26 @@ def test_repeated_runs_take_turns_and_give_medians():
     runs = alternating(3, {"a": run("a"), "b": run("b")})
     assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
     assert medians(runs) == {"a": {"rate": 2.0, "runs": 1}, "b": {"rate": 7.0, "runs": 1}}
+
+
+def test_bench_quick_prints_each_figure_next_to_the_committed_one_found_by_its_key(tmp_path, monkeypatch, capsys):
+    from bench import quick
+
+    fake = types.ModuleType("fake_bench")
+    fake.main = lambda: [comparison("rate, 2 runs", "items/s", "ours", {"ours": 6, "theirs": 2}, key="rate"),
+                         comparison("new figure", "s", "ours", {"ours": 1, "theirs": 2}, lower_is_better=True)]
+    monkeypatch.setitem(sys.modules, "fake_bench", fake)
+    monkeypatch.setattr(quick, "BENCHMARKS", {"fake": "fake_bench"})
+    monkeypatch.setattr(quick, "QUICK", {"fake": {"FAKE_BENCH_RUNS": "2"}})
+    monkeypatch.setattr(quick, "RESULTS_DIR", tmp_path)
+    monkeypatch.delenv("FAKE_BENCH_RUNS", raising=False)
+    committed = {"title": "rate, 5 runs", "unit": "items/s", "ours": "ours", "values": {"ours": 4.0, "theirs": 2.0}, "key": "rate"}
+    (tmp_path / "results.json").write_text(json.dumps({"machine": ["- commit abc1234, a date"], "benchmarks": {
+        "fake": {"comparisons": [committed]}, "old": {"comparisons": [{"title": "untouched", "values": {}}]}}}))
+    quick.main(["fake"])
+    out = capsys.readouterr().out
+    assert quick.os.environ["FAKE_BENCH_RUNS"] == "2"
+    assert "(commit abc1234, a date)" in out
+    assert "6.000 |      4.000 | x 1.50" in out  # ours now, committed, now / committed
+    assert "ours / theirs: 3.00x now, 2.00x committed" in out
+    assert "new figure: no committed figure" in out
