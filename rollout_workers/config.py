@@ -33,7 +33,10 @@ class RolloutConfig(Section):
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (the learner uses the same one for logprobs).")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("], description="Stop sequences.")
-    threads: int = Field(default=2, ge=1, description="CPU threads of each worker's engine (CPU runs only).")
+    # 1 on the default's 2 cores: the sandbox's programs run there alongside generation, and an engine
+    # of 2 OpenMP threads then waits at its barriers for a descheduled thread (bench/results.md, pipeline).
+    threads: int = Field(default=1, ge=1, description="CPU threads of each worker's engine (CPU runs only). Leave the "
+                         "cores the sandbox scores on alongside generation: more threads than free cores make the engine slower.")
     temperature_schedule: list[tuple[int, float]] | None = Field(
         default=None,
         description="(RL step, temperature) points; the sampling temperature moves linearly between them "
