@@ -1,10 +1,10 @@
 """Where a synchronous step's time goes: py-spy flame graphs of the driver and of each actor, over
 steady-state RL steps of the default config.
 
-    python -m bench.profile_step [--label before] [--steps 20] [--from-step 6] [--seconds 20]
+    python -m bench.profile_step [--label before] [--steps 20] [--from-step 6] [--seconds 20] [overrides ...]
 
-Runs `coderloo train` on configs/default.yaml (SFT warm-up, then `--steps` RL steps; no mid-run
-evaluation or checkpoint) in a subprocess. Once step `--from-step` is logged (the first steps carry
+Runs `coderloo train` on configs/default.yaml with the given overrides (SFT warm-up, then `--steps`
+RL steps; no mid-run evaluation or checkpoint) in a subprocess. Once step `--from-step` is logged (the first steps carry
 one-off warm-up), py-spy samples the driver and every actor of the run at once for `--seconds`
 (`--nonblocking`: it reads their stacks without stopping them, so the steps keep their pace; idle
 frames are left out, so a flame is CPU time). The graphs go to bench/plots/flame-LABEL-ROLE.svg
@@ -59,13 +59,14 @@ def main() -> None:
     parser.add_argument("--from-step", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rate", type=int, default=50, help="samples per second of each process")
+    parser.add_argument("overrides", nargs="*", help="config overrides, as for coderloo train")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     out = Path(tempfile.mkdtemp(prefix="profile-step-")) / "run"
     out.mkdir()
     train = subprocess.Popen(
         [str(Path(sys.executable).with_name("coderloo")), "train", "--config", "configs/default.yaml", f"train.output_dir={out}",
-         f"train.steps={args.steps}", "train.eval_every=0", "train.checkpoint_every=0"],
+         f"train.steps={args.steps}", "train.eval_every=0", "train.checkpoint_every=0", *args.overrides],
         stdout=(out / "train.log").open("w"), stderr=subprocess.STDOUT)
     metrics = out / "metrics.jsonl"
     try:
