@@ -275,8 +275,6 @@ class Learner(WeightSource):
         step_starts = []  # each micro-batch's, in order, for the sampler/learner difference
         for (micros, normalizer, tokens), olds in zip(minis, step_start):
             for batch, step_start_logprobs in zip(micros, olds):
-                if step_start_logprobs is not None:
-                    step_starts.append(step_start_logprobs)
                 reference_logprobs = None
                 if kl_coef > 0:
                     with torch.no_grad():
@@ -291,7 +289,7 @@ class Learner(WeightSource):
                     logprobs, entropy = self._logprobs(self.engine, batch, temperature, entropy=True, hidden=hidden)
                     entropy_sum += entropy
                     step_start_logprobs = logprobs.detach()
-                    step_starts.append(step_start_logprobs)
+                step_starts.append(step_start_logprobs)
                 inputs = LossInputs(
                     logprobs=logprobs, step_start_logprobs=step_start_logprobs,
                     sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
