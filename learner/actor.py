@@ -128,6 +128,11 @@ class Learner(WeightSource):
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id
         model = self._trainable(load_causal_lm(self.model_path))
+        attention = model.config._attn_implementation
+        if config.share_prefixes and attention != "sdpa":
+            # the trees' boolean mask [R, 1, W, W] is what sdpa takes; flash attention takes none
+            raise ValueError(f"learner.share_prefixes needs the model's attention to be sdpa, not {attention!r}: "
+                             "set learner.share_prefixes=false")
         self.shared_value = config.advantage.type == "ppo" and config.advantage.value_model == "shared"
         if self.shared_value:
             add_value_head(model)
@@ -215,6 +220,10 @@ class Learner(WeightSource):
         with lora.reference_disabled(self.engine.module):
             return self._logprobs(self.engine, batch, temperature)
 
+    def _pack(self, sequences: list[TrainSequence]) -> PackedBatch:
+        config = self.config
+        return pack(sequences, self.pad_id, config.pack_sequences, config.pack_row_tokens, config.share_prefixes)
+
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -246,7 +255,7 @@ class Learner(WeightSource):
         """
         self._set_lr(self.config.lr)
         self.engine.train()
-        minis = [([pack(m, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
+        minis = [([self._pack(m) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
         # stale weights), which truncated importance sampling corrects. With one mini-batch the
@@ -293,7 +302,7 @@ class Learner(WeightSource):
                 inputs = LossInputs(
                     logprobs=logprobs, step_start_logprobs=step_start_logprobs,
                     sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
-                    reference_logprobs=reference_logprobs,
+                    reference_logprobs=reference_logprobs, segments=batch.segments,
                 )
                 # DeepSpeed averages gradients over ranks: scale so that they sum instead.
                 loss, stats = policy_loss(inputs, loss_config, kl_coef, self.config.kl.estimator if kl_coef > 0 else "k3",
@@ -330,6 +339,7 @@ class Learner(WeightSource):
         totals["tokens"] = float(diffs.numel())
         totals["entropy_sum"] = entropy_sum  # the policy's at the step's start, over the trained tokens
         totals["sequence_tokens_sum"] = float(sum(b.sequence_tokens for b in batches))
+        totals["computed_tokens_sum"] = float(sum(b.computed_tokens for b in batches))
         totals["batch_tokens_sum"] = float(sum(b.input_ids.numel() for b in batches))  # padding included
         # What the step freed leaves the process before the push and the next step's rollouts need
         # memory: glibc keeps a fragmented heap's freed pages otherwise (a one-off measurement:
@@ -347,7 +357,7 @@ class Learner(WeightSource):
             if values and not self.shared_value:
                 self._value_model().eval()
             for seqs in micros:
-                batch = pack(seqs, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens)
+                batch = self._pack(seqs)
                 if kl_estimator:
                     kl = kl_penalty(self._logprobs(self.engine, batch, temperature), self._reference_logprobs(batch, temperature), kl_estimator)
                     kls.append(batch.completion_rows(seqs, kl))
@@ -363,7 +373,7 @@ class Learner(WeightSource):
         for micros, normalizer, _ in work:
             finite = True
             for seqs in micros:
-                batch = pack(seqs, self.pad_id, self.config.pack_sequences, self.config.pack_row_tokens)
+                batch = self._pack(seqs)
                 loss = sft_loss(self._logprobs(self.engine, batch), batch.completion_mask, normalizer / self.world_size)
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 total += loss.item() / self.world_size

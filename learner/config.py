@@ -264,6 +264,14 @@ class LearnerConfig(Section):
         "max_tokens_per_micro_batch makes a micro-batch one row, none at all; the attention of a row costs its width "
         "squared except with flash attention's varlen kernel (a GPU), so on a CPU the longest sequence is the cheapest.",
     )
+    share_prefixes: bool = Field(
+        default=True,
+        description="Compute a prefix shared by several sequences of a micro-batch once: a group's prompt (and the "
+        "instructions every prompt starts with), a turn's earlier turns (multi-turn trained as turns). Each sequence's "
+        "last prompt token and completion get columns of their own on top of the shared ones, and an attention mask "
+        "keeps the branches apart (learner/batch.py prefix_trees; needs the model's sdpa attention). The same logprobs "
+        "and gradients to float rounding, fewer tokens computed: the default's learner step 2.2x faster (bench learner).",
+    )
     gradient_checkpointing: bool = Field(
         default=False,
         description="Keep only each decoder layer's input for the backward and recompute the layer there (transformers' "

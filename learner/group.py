@@ -10,7 +10,7 @@ from common.memory import oom_kills
 from common.placement import placement_options
 from common.progress import working
 from learner.actor import Learner, Work
-from learner.batch import TrainSequence
+from learner.batch import TREE_WIDTH, TrainSequence, layout
 from learner.config import PolicyLoss
 from learner.losses import loss_normalizer
 from learner.packing import deal_to_ranks, split_even
@@ -51,13 +51,24 @@ class LearnerGroup:
         """Each rank's micro-batches of each mini-batch, with the mini-batch's normalizer and trained tokens."""
         work: list[Work] = [[] for _ in self.ranks]
         for mini in split_even(sequences, mini_batches):
-            lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mini]
             tokens = [trained_tokens(s) for s in mini]
             normalizer = loss_normalizer(aggregation, tokens, max_new_tokens)
-            for rank, micros in enumerate(deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks),
-                                                        self.config.pack_sequences, self.config.pack_row_tokens)):
+            for rank, micros in enumerate(self._micro_batches(mini)):
                 work[rank].append(([[mini[i] for i in m] for m in micros], normalizer, max(sum(tokens), 1)))
         return work
+
+    def _micro_batches(self, sequences: list[TrainSequence]) -> list[list[list[int]]]:
+        """Per rank, its micro-batches of `sequences` (indices), a tree of shared prefixes
+        (learner.share_prefixes) never split between two."""
+        config = self.config
+        cap = min(TREE_WIDTH * max(len(s.prompt_ids) + len(s.completion_ids) for s in sequences), config.max_tokens_per_micro_batch)
+        trees = layout(sequences, config.share_prefixes, cap)
+        while len(trees) < len(self.ranks) and cap > 1:  # every rank needs a tree
+            cap //= 2
+            trees = layout(sequences, config.share_prefixes, cap)
+        dealt = deal_to_ranks([len(t.tokens) for t in trees], config.max_tokens_per_micro_batch, len(self.ranks),
+                              config.pack_sequences, config.pack_row_tokens)
+        return [[sorted(i for t in m for i in trees[t].members) for m in micros] for micros in dealt]
 
     # --- steps ---
 
@@ -80,8 +91,7 @@ class LearnerGroup:
                     ) -> tuple[list[list[float]] | None, list[list[float]] | None]:
         """Per sequence, at each completion token: with `kl`, the KL estimate to the reference (a KL
         penalty in the reward); with `values`, the value model's estimate (PPO). None where not asked."""
-        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
-        dealt = deal_to_ranks(lengths, self.config.max_tokens_per_micro_batch, len(self.ranks), self.config.pack_sequences, self.config.pack_row_tokens)
+        dealt = self._micro_batches(sequences)
         results = self._wait([r.token_stats.remote([[sequences[i] for i in m] for m in micros], temperature,
                                                     self.config.kl.estimator if kl else None, values)
                               for r, micros in zip(self.ranks, dealt)], "token_stats")
@@ -179,7 +189,11 @@ def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
             merged[key] = sum(values) / len(values)
     merged["sampler_logprob_diff_mean"] = merged.pop("sampler_logprob_diff_sum") / max(merged["tokens"], 1.0)
     merged["entropy"] = merged.pop("entropy_sum") / max(merged["tokens"], 1.0)
-    merged["padding_share"] = 1.0 - merged.pop("sequence_tokens_sum") / max(merged.pop("batch_tokens_sum"), 1.0)
+    # the step's learner tokens: computed (the trees' columns) and in the tensors (padding included)
+    merged["learner_tokens"] = merged.pop("batch_tokens_sum")
+    computed = merged.pop("computed_tokens_sum")
+    merged["padding_share"] = 1.0 - computed / max(merged["learner_tokens"], 1.0)
+    merged["shared_prefix_share"] = 1.0 - computed / max(merged.pop("sequence_tokens_sum"), 1.0)
     merged["grad_norm"] = results[0]["grad_norm"]
     return merged
 

@@ -68,6 +68,20 @@ class LossInputs:
     advantages: torch.Tensor  # per token
     mask: torch.Tensor  # 1 on the tokens trained on
     reference_logprobs: torch.Tensor | None = None  # the frozen reference's, for the KL penalty
+    # Per token, the index of the sequence it belongs to (-1: none), where a row holds several
+    # (PackedBatch.segments); None: each row is one sequence.
+    segments: torch.Tensor | None = None
+
+
+def sequence_sums(values: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+    """Per token, the sum of `values` [B, T] over the tokens of its sequence (its row's without
+    `segments`, else those of its segment index), with gradient."""
+    if segments is None:
+        return values.sum(dim=-1, keepdim=True).expand_as(values)
+    index = segments.clamp(min=0).flatten()
+    member = (segments >= 0).to(values.dtype)
+    sums = values.new_zeros(int(segments.max().item()) + 1).index_add(0, index, (values * member).flatten())
+    return sums[index].view_as(values)
 
 
 def loss_normalizer(aggregation: str, trained_tokens: list[int], max_new_tokens: int = 0) -> float:
@@ -87,19 +101,20 @@ def loss_normalizer(aggregation: str, trained_tokens: list[int], max_new_tokens:
     raise ValueError(f"unknown loss aggregation {aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
-def _row_weights(aggregation: str, mask: torch.Tensor) -> torch.Tensor:
-    """[B, 1]: each sequence's weight in the sum (1 / its token count for the mean of token means)."""
+def _sequence_weights(aggregation: str, mask: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+    """Per token, its sequence's weight in the sum (1 / its token count for the mean of token means)."""
     if aggregation == "seq_mean_token_mean":
-        return 1.0 / mask.sum(dim=1, keepdim=True).clamp(min=1)
-    return torch.ones_like(mask[:, :1])
+        return 1.0 / sequence_sums(mask, segments).clamp(min=1)
+    return torch.ones_like(mask)
 
 
-def _gamma_weight(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, loss: VespoLoss) -> torch.Tensor:
+def _gamma_weight(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, loss: VespoLoss,
+                  segments: torch.Tensor | None) -> torch.Tensor:
     """VESPO's per-sequence weight phi(w) = e^lambda w^k e^(-lambda w) of the sequence's importance
     ratio w (the product of its token ratios), with (k, lambda) by the advantage's sign; no gradient."""
     with torch.no_grad():
         floor = math.log(1e-8)
-        log_w = (log_ratio.clamp(-20.0, 20.0) * mask).sum(dim=-1, keepdim=True).clamp(floor, 20.0)
+        log_w = sequence_sums(log_ratio.clamp(-20.0, 20.0) * mask, segments).clamp(floor, 20.0)
         nonneg = advantages >= 0
         k = torch.where(nonneg, loss.k_pos, loss.k_neg)
         lam = torch.where(nonneg, loss.lambda_pos, loss.lambda_neg).clamp(min=1e-4)
@@ -128,7 +143,7 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
     (truncated importance sampling); vespo folds that ratio into w instead.
 
     The loss is the sum of the per-token terms, each sequence's weighted by the aggregation
-    (_row_weights), divided by `normalizer`: by default the batch's own (loss_normalizer, which needs
+    (_sequence_weights), divided by `normalizer`: by default the batch's own (loss_normalizer, which needs
     the rollout's `max_new_tokens` for seq_mean_token_sum_norm). A learner
     that splits a mini-batch into micro-batches passes the mini-batch's normalizer, so that the sum
     of micro-batch losses is the mini-batch's loss. A KL penalty to the reference of weight
@@ -136,10 +151,10 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
     """
     logprobs, advantages = inputs.logprobs, inputs.advantages
     mask = inputs.mask.to(logprobs.dtype)
+    segments = inputs.segments
     log_ratio = logprobs - inputs.step_start_logprobs
     if getattr(loss, "importance_level", "token") == "sequence":
-        sequence = (log_ratio * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
-        ratio = torch.exp(sequence).expand_as(logprobs)
+        ratio = torch.exp(sequence_sums(log_ratio * mask, segments) / sequence_sums(mask, segments).clamp(min=1))
     else:
         ratio = torch.exp(log_ratio)
     low = 1.0 - (loss.eps_low if isinstance(loss, ClipLoss) else REPORT_BAND)
@@ -167,7 +182,7 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
         clipped_low, clipped_high = (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0)
     else:  # vespo
         mismatch = 0.0 if tis is None else torch.log(tis.clamp(min=1e-8))
-        phi = _gamma_weight(log_ratio + mismatch, advantages, mask, loss)
+        phi = _gamma_weight(log_ratio + mismatch, advantages, mask, loss, segments)
         per_token = -phi * advantages * logprobs
         stats["vespo_weight_mean"] = masked_mean(phi.expand_as(mask), mask).item()
         clipped_low, clipped_high = (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0)
@@ -190,8 +205,15 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
         per_token = per_token + kl_coef * kl
         stats["kl"] = masked_mean(kl, mask).item()
     if normalizer is None:
-        normalizer = loss_normalizer(loss.aggregation, mask.sum(dim=1).tolist(), max_new_tokens)
-    return (per_token * mask * _row_weights(loss.aggregation, mask)).sum() / normalizer, stats
+        normalizer = loss_normalizer(loss.aggregation, _trained_per_sequence(mask, segments), max_new_tokens)
+    return (per_token * mask * _sequence_weights(loss.aggregation, mask, segments)).sum() / normalizer, stats
+
+
+def _trained_per_sequence(mask: torch.Tensor, segments: torch.Tensor | None) -> list[float]:
+    if segments is None:
+        return mask.sum(dim=1).tolist()
+    count = int(segments.max().item()) + 1
+    return mask.new_zeros(count).index_add(0, segments.clamp(min=0).flatten(), (mask * (segments >= 0)).flatten()).tolist()
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

@@ -7,7 +7,7 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from learner.advantages import rloo_advantages, whiten
-from learner.batch import TrainSequence, pack
+from learner.batch import TrainSequence, pack, prefix_trees
 from learner.config import PolicyLoss
 from learner.packing import cost, deal_to_ranks, pack_by_tokens, rows_of, split_even
 from learner.losses import LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
@@ -116,7 +116,8 @@ def test_pack_puts_sequences_end_to_end_each_from_position_0():
     # rows as wide as the longest (5): it alone, then the 3-token and the 2-token sequences
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [4, 6, 7, 5, 8]]
     assert b.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
-    assert b.placements == [(0, 0), (1, 3), (1, 0)]
+    assert b.placements == [(0, 2), (1, 3), (1, 1)]  # each one's row and first prediction's column
+    assert b.segments.tolist() == [[-1, -1, 0, 0], [-1, 2, -1, 1]]
     assert b.completion_mask.tolist() == [[0, 0, 1, 1], [0, 1, 0, 1]]  # position 2 of row 1 predicts the next sequence's prompt
     assert b.padding_share == 0.0
     assert b.completion_rows(seqs, b.advantages) == [[1.0, 1.0], [2.0], [3.0]]
@@ -439,3 +440,68 @@ def test_value_loss_matches_openrlhf():
     theirs = openrlhf_value_loss(values, old, returns, mask, 0.2)
     (their_grad,) = torch.autograd.grad(theirs, values)
     assert torch.allclose(ours, theirs, atol=1e-7) and torch.allclose(our_grad, their_grad, atol=1e-7)
+
+
+def test_prefix_trees_compute_a_groups_prompt_and_a_turns_earlier_turns_once():
+    prompt, other = [1, 2, 3, 4], [9, 8, 7]
+    group = [TrainSequence(prompt, [5, 6]), TrainSequence(prompt, [5, 7, 7]), TrainSequence(prompt, [5, 6])]
+    turns = [TrainSequence(other, [10, 11]), TrainSequence(other + [10, 11, 12, 13], [14])]  # turn 2's context repeats turn 1
+    trees = prefix_trees(turns[::-1] + group)  # the later turn first: turns are placed shortest context first
+    assert [t.members for t in trees] == [[0, 1], [2, 3, 4]]
+    chain, fan = trees
+    # the prompt but its last token once; per sample its own last prompt token and completion (the
+    # two equal samples too: each trains on its own tokens)
+    assert fan.tokens == [1, 2, 3] + [4, 5, 6] + [4, 5, 7, 7] + [4, 5, 6]
+    assert fan.parents == [-1, 0, 1] + [2, 3, 4] + [2, 6, 7, 8] + [2, 10, 11]
+    assert fan.depths == [0, 1, 2] + [3, 4, 5] + [3, 4, 5, 6] + [3, 4, 5]
+    assert sorted(fan.starts) == [(2, 3), (3, 6), (4, 10)]
+    # turn 2 reads turn 1's columns as its context and adds its observation, last context token and completion
+    assert chain.tokens == [9, 8] + [7, 10, 11] + [12] + [13, 14]
+    assert chain.parents == [-1, 0, 1, 2, 3, 4, 5, 6]
+    assert sorted(chain.starts) == [(0, 6), (1, 2)]
+    seen = fan.visibility()
+    assert seen[8].tolist() == [True] * 3 + [False] * 3 + [True] * 3 + [False] * 4  # sample 2's 3rd completion token
+    assert sum(len(t.tokens) for t in trees) == 21 < sum(len(s.prompt_ids) + len(s.completion_ids) for s in turns + group) == 32
+
+
+def test_a_shared_prefix_batch_places_each_sequences_values_at_its_own_columns():
+    seqs = [TrainSequence([1, 2, 3], [4, 5], [-0.1, -0.2], [1.0, 1.0]), TrainSequence([1, 2, 3], [6], [-0.3], [2.0]),
+            TrainSequence([7, 8], [9], [-0.4], [3.0])]
+    b = pack(seqs, pad_id=0, share_prefixes=True)
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, 5, 3, 6], [7, 8, 9, 0, 0, 0, 0]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3], [0, 1, 2, 3, 4, 5, 6]]
+    assert b.placements == [(0, 2), (0, 5), (1, 1)]
+    assert b.segments.tolist() == [[-1, -1, 0, 0, -1, 1], [-1, 2, -1, -1, -1, -1]]
+    assert b.completion_rows(seqs, b.advantages) == [[1.0, 1.0], [2.0], [3.0]]
+    assert (b.computed_tokens, b.sequence_tokens) == (10, 12)
+    mask = b.attention_mask[0, 0]
+    assert mask[5].tolist() == [True, True, False, False, False, True, False]  # the second copy of 3 sees 1, 2 and itself
+    assert b.attention_mask[1, 0, 4].tolist() == [False] * 4 + [True, False, False]  # padding sees itself only
+
+
+@pytest.mark.parametrize("fields", [{"aggregation": "seq_mean_token_mean"}, {"importance_level": "sequence", "aggregation": "seq_mean_token_mean"},
+                                    {"type": "vespo"}])
+def test_per_sequence_terms_follow_the_sequences_of_a_packed_row(fields):
+    """A packed row holds several sequences: each sequence's mean, GSPO's sequence ratio and VESPO's
+    weight are those of the sequence (as with one sequence a row), not of the row."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [(3, 6), (2, 2), (4, 1), (1, 3), (2, 5)]
+    seqs = [TrainSequence(list(range(1, p + 1)), list(range(1, c + 1)), (-torch.rand(c, generator=g)).tolist(),
+                          torch.randn(c, generator=g).tolist(), values=(-torch.rand(c, generator=g)).tolist()) for p, c in lengths]
+    config = _family(**fields)
+    losses, grads = [], []
+    for packed in (True, False):
+        b = pack(seqs, pad_id=0, packed=packed)
+        logprobs = b.sampler_logprobs.clone().requires_grad_(True)  # values of each sequence's own, wherever placed
+        # old_values carry made-up step-start logprobs
+        inputs = LossInputs(logprobs, b.old_values, b.old_values, b.advantages, b.completion_mask, segments=b.segments if packed else None)
+        loss, _ = policy_loss(inputs, config, max_new_tokens=8)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(b.completion_rows(seqs, logprobs.grad))
+        if packed:
+            assert b.input_ids.shape[0] < len(seqs)  # some row holds several
+            rowwise = policy_loss(LossInputs(logprobs, b.old_values, b.old_values, b.advantages, b.completion_mask), config, max_new_tokens=8)[0]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert sum(grads[0], []) == pytest.approx(sum(grads[1], []), rel=1e-6, abs=1e-9)
+    assert rowwise.item() != pytest.approx(losses[1], rel=1e-3)  # what a row taken for one sequence gives
