@@ -22,7 +22,7 @@ import torch
 from common.memory import limit_own_memory, return_free_memory
 from common.weight_sync import WeightSource
 from learner import lora
-from learner.batch import PackedBatch, TrainSequence, pack
+from learner.batch import PackedBatch, TrainSequence, pack, tree_tokens
 from learner.config import PolicyLoss
 from learner.logits import chunked_logprobs, final_hidden_states
 from learner.losses import LossInputs, kl_penalty, policy_loss, sft_loss, value_loss
@@ -222,7 +222,8 @@ class Learner(WeightSource):
 
     def _pack(self, sequences: list[TrainSequence]) -> PackedBatch:
         config = self.config
-        return pack(sequences, self.pad_id, config.pack_sequences, config.pack_row_tokens, config.share_prefixes)
+        return pack(sequences, self.pad_id, config.pack_sequences, config.pack_row_tokens, config.share_prefixes,
+                    tree_tokens(sequences, config.max_tokens_per_micro_batch))
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

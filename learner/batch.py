@@ -93,6 +93,12 @@ class _Growing:
             parent = len(self.tokens) - 1
 
 
+def tree_tokens(sequences: list[TrainSequence], budget: int) -> int:
+    """The columns a tree of `sequences` may have: TREE_WIDTH times the longest, within the
+    micro-batch's token `budget` (learner.max_tokens_per_micro_batch)."""
+    return min(TREE_WIDTH * max(len(s.prompt_ids) + len(s.completion_ids) for s in sequences), budget)
+
+
 def prefix_trees(sequences: list[TrainSequence], max_tokens: int = 0) -> list[Tree]:
     """`sequences` as trees in which a shared prefix is computed once: the k samples of a group share
     their prompt, and a turn shares the earlier turns that its context repeats.
@@ -174,15 +180,16 @@ class PackedBatch:
 
 
 def pack(sequences: list[TrainSequence], pad_id: int, packed: bool = True, row_tokens: int = 0,
-         share_prefixes: bool = False) -> PackedBatch:
-    """`sequences` laid out as trees (`layout`) in rows (end to end when `packed`, rows of
-    learner/packing.py's `row_width`), with their per-token values at their completion tokens."""
+         share_prefixes: bool = False, max_tree_tokens: int = 0) -> PackedBatch:
+    """`sequences` laid out as trees (`layout`, trees of at most `max_tree_tokens` columns) in rows
+    (end to end when `packed`, rows of learner/packing.py's `row_width`), with their per-token
+    values at their completion tokens."""
     for row, seq in enumerate(sequences):
         for name, values in (("sampler logprobs", seq.sampler_logprobs), ("advantages", seq.advantages), ("mask values", seq.mask),
                              ("values", seq.values), ("returns", seq.returns)):
             if values is not None and len(values) != len(seq.completion_ids):
                 raise ValueError(f"sequence {row}: {len(values)} {name} for {len(seq.completion_ids)} completion tokens")
-    trees = layout(sequences, share_prefixes)
+    trees = layout(sequences, share_prefixes, max_tree_tokens)
     sizes = [len(t.tokens) for t in trees]
     rows = rows_of(sizes, list(range(len(trees))), packed, row_tokens)
     width = row_width(sizes, list(range(len(trees))), row_tokens if packed else 0)

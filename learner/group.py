@@ -10,7 +10,7 @@ from common.memory import oom_kills
 from common.placement import placement_options
 from common.progress import working
 from learner.actor import Learner, Work
-from learner.batch import TREE_WIDTH, TrainSequence, layout
+from learner.batch import TrainSequence, layout, tree_tokens
 from learner.config import PolicyLoss
 from learner.losses import loss_normalizer
 from learner.packing import deal_to_ranks, split_even
@@ -61,7 +61,7 @@ class LearnerGroup:
         """Per rank, its micro-batches of `sequences` (indices), a tree of shared prefixes
         (learner.share_prefixes) never split between two."""
         config = self.config
-        cap = min(TREE_WIDTH * max(len(s.prompt_ids) + len(s.completion_ids) for s in sequences), config.max_tokens_per_micro_batch)
+        cap = tree_tokens(sequences, config.max_tokens_per_micro_batch)
         trees = layout(sequences, config.share_prefixes, cap)
         while len(trees) < len(self.ranks) and cap > 1:  # every rank needs a tree
             cap //= 2

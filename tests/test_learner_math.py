@@ -462,6 +462,8 @@ def test_prefix_trees_compute_a_groups_prompt_and_a_turns_earlier_turns_once():
     seen = fan.visibility()
     assert seen[8].tolist() == [True] * 3 + [False] * 3 + [True] * 3 + [False] * 4  # sample 2's 3rd completion token
     assert sum(len(t.tokens) for t in trees) == 21 < sum(len(s.prompt_ids) + len(s.completion_ids) for s in turns + group) == 32
+    # a tree within max_tokens columns: the third sample would make it 13 wide, so it starts another
+    assert [(t.members, len(t.tokens)) for t in prefix_trees(group, max_tokens=10)] == [([0, 1], 10), ([2], 6)]
 
 
 def test_a_shared_prefix_batch_places_each_sequences_values_at_its_own_columns():
