@@ -48,7 +48,8 @@ def measure(model: str, batch: list[TrainSequence], ranks: int, packed: bool = T
     """Tokens/s (the sequences' own tokens) and the padding share; `one_row`: each micro-batch one
     row (learner.pack_row_tokens at the token budget)."""
     budget = LearnerConfig().max_tokens_per_micro_batch
-    config = LearnerConfig(num_ranks=ranks, zero_stage=2, pack_sequences=packed, pack_row_tokens=budget if one_row else 0)
+    config = LearnerConfig(num_ranks=ranks, zero_stage=2, pack_sequences=packed, pack_row_tokens=budget if one_row else 0,
+                           share_prefixes=False)  # the layouts of whole sequences
     learner = LearnerGroup(model, config)
     try:
         learner.train_step(batch, config.loss, 1.0, config.loss_kl_coef(1), 48)  # warm-up
@@ -125,7 +126,7 @@ def main() -> list[dict]:
     for preset, r in shared.items():
         print(f"  {preset:8s} {r['sequences']:4d} sequences: tokens {r['tokens']:7.0f} -> {r['shared tokens']:7.0f} "
               f"({r['shared tokens'] / r['tokens']:.2f}x); s/step {r['s/step']:.2f} -> {r['shared s/step']:.2f} "
-              f"({r['s/step'] / r['shared s/step']:.2f}x faster)")
+              f"({r['s/step'] / r['shared s/step']:.2f}x the steps/s)")
     batch = sequences(model)
     runs = {"1 rank, packed": (1, True, False), "1 rank, padded": (1, False, False), "1 rank, one row": (1, True, True),
             "2 ranks, packed": (2, True, False)}

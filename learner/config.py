@@ -270,7 +270,7 @@ class LearnerConfig(Section):
         "instructions every prompt starts with), a turn's earlier turns (multi-turn trained as turns). Each sequence's "
         "last prompt token and completion get columns of their own on top of the shared ones, and an attention mask "
         "keeps the branches apart (learner/batch.py prefix_trees; needs the model's sdpa attention). The same logprobs "
-        "and gradients to float rounding, fewer tokens computed: the default's learner step 2.2x faster (bench learner).",
+        "and gradients to float rounding, fewer tokens computed: make train's learner step 1.6x faster (bench/results.md).",
     )
     gradient_checkpointing: bool = Field(
         default=False,
