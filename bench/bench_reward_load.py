@@ -143,7 +143,7 @@ def main() -> list[dict]:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     config = ServiceConfig(
-        pool=PoolSettings(initial_executors=2), task_files=[task_file], max_queued_requests=QUEUE,
+        pool=PoolSettings(initial_executors=2, max_executors=4), task_files=[task_file], max_queued_requests=QUEUE,
         autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=2),
     )
     rewards = RewardClient(config)  # Serve runs already: the client adds its app to it

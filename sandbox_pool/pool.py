@@ -102,7 +102,9 @@ class PoolSettings(BaseModel):
         default_factory=ProcessSandbox, description="process: a fork server per executor (no Docker needed); docker: "
         "warm containers of the sandbox image, one per concurrent run, with the containers' own limits")
     min_executors: int = Field(1, ge=0, description="executors kept even when idle")
-    max_executors: int = Field(4, ge=1, description="most executors the pool scales up to")
+    max_executors: int = Field(
+        2, ge=1, description="most executors the pool scales up to (2 of 4 programs keep a 2-core machine's cores busy: "
+        "more start processes that wait for the same cores; a cluster preset raises it)")
     initial_executors: int | None = Field(
         None, ge=0, description="executors started with the pool (default: min_executors)")
     concurrency_per_executor: int = Field(4, ge=1, description="programs one executor runs at a time")
