@@ -93,10 +93,11 @@ class _Growing:
             parent = len(self.tokens) - 1
 
 
-def tree_tokens(sequences: list[TrainSequence], budget: int) -> int:
+def tree_tokens(sequences: list[TrainSequence], budget: int = 0) -> int:
     """The columns a tree of `sequences` may have: TREE_WIDTH times the longest, within the
-    micro-batch's token `budget` (learner.max_tokens_per_micro_batch)."""
-    return min(TREE_WIDTH * max(len(s.prompt_ids) + len(s.completion_ids) for s in sequences), budget)
+    micro-batch's token `budget` (learner.max_tokens_per_micro_batch; 0: none)."""
+    width = TREE_WIDTH * max((len(s.prompt_ids) + len(s.completion_ids) for s in sequences), default=0)
+    return min(width, budget) if budget else width
 
 
 def prefix_trees(sequences: list[TrainSequence], max_tokens: int = 0) -> list[Tree]:
@@ -107,11 +108,11 @@ def prefix_trees(sequences: list[TrainSequence], max_tokens: int = 0) -> list[Tr
     trains on: its prompt but the last token. From its last prompt token on it has columns of its
     own, which later sequences can reuse as their context; so sequences are placed shortest prompt
     first (a trajectory's turns in order), each in the tree where it adds the fewest columns while
-    the tree stays within `max_tokens` (0: TREE_WIDTH times the longest sequence), else in a tree of
+    the tree stays within `max_tokens` (0: `tree_tokens`), else in a tree of
     its own. One copy of the last prompt token per sequence is the price: one column predicts one
     token. Trees come in the order of their first member."""
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
-    max_tokens = max_tokens or TREE_WIDTH * max(lengths, default=0)
+    max_tokens = max_tokens or tree_tokens(sequences)
     growing: list[_Growing] = []
     for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i].prompt_ids)):
         seq = sequences[i]

@@ -73,15 +73,21 @@ class LossInputs:
     segments: torch.Tensor | None = None
 
 
-def sequence_sums(values: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
-    """Per token, the sum of `values` [B, T] over the tokens of its sequence (its row's without
-    `segments`, else those of its segment index), with gradient."""
+def per_sequence(values: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+    """The sum of `values` [B, T] over each sequence's tokens (a row's without `segments`, else
+    those of each segment index), with gradient: [sequences]."""
     if segments is None:
-        return values.sum(dim=-1, keepdim=True).expand_as(values)
-    index = segments.clamp(min=0).flatten()
+        return values.sum(dim=-1)
     member = (segments >= 0).to(values.dtype)
-    sums = values.new_zeros(int(segments.max().item()) + 1).index_add(0, index, (values * member).flatten())
-    return sums[index].view_as(values)
+    return values.new_zeros(int(segments.max().item()) + 1).index_add(0, segments.clamp(min=0).flatten(), (values * member).flatten())
+
+
+def sequence_sums(values: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+    """Per token, the sum of `values` [B, T] over the tokens of its sequence (`per_sequence`)."""
+    sums = per_sequence(values, segments)
+    if segments is None:
+        return sums.unsqueeze(-1).expand_as(values)
+    return sums[segments.clamp(min=0).flatten()].view_as(values)
 
 
 def loss_normalizer(aggregation: str, trained_tokens: list[int], max_new_tokens: int = 0) -> float:
@@ -205,15 +211,8 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
         per_token = per_token + kl_coef * kl
         stats["kl"] = masked_mean(kl, mask).item()
     if normalizer is None:
-        normalizer = loss_normalizer(loss.aggregation, _trained_per_sequence(mask, segments), max_new_tokens)
+        normalizer = loss_normalizer(loss.aggregation, per_sequence(mask, segments).tolist(), max_new_tokens)
     return (per_token * mask * _sequence_weights(loss.aggregation, mask, segments)).sum() / normalizer, stats
-
-
-def _trained_per_sequence(mask: torch.Tensor, segments: torch.Tensor | None) -> list[float]:
-    if segments is None:
-        return mask.sum(dim=1).tolist()
-    count = int(segments.max().item()) + 1
-    return mask.new_zeros(count).index_add(0, segments.clamp(min=0).flatten(), (mask * (segments >= 0)).flatten()).tolist()
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
