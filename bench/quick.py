@@ -19,7 +19,7 @@ import sys
 import time
 
 from bench.plots import ratios
-from bench.run import BENCHMARKS, RESULTS_DIR
+from bench.run import BENCHMARKS, RESULTS_DIR, cpu
 
 # name: the environment that sizes its quick run
 QUICK = {
@@ -30,12 +30,14 @@ QUICK = {
 }
 
 
-def committed() -> tuple[str, dict[str, dict]]:
-    """The committed record's commit line and its figures by key."""
+def committed() -> tuple[str, dict[str, dict], dict[str, str]]:
+    """The committed record's commit line, its figures by key, and what each benchmark was
+    measured on (CPU, commit, day; absent for records older than that field)."""
     record = json.loads((RESULTS_DIR / "results.json").read_text())
     commit = next((line for line in record["machine"] if "commit" in line), "")
     figures = {c.get("key", c["title"]): c for numbers in record["benchmarks"].values() for c in numbers["comparisons"]}
-    return commit.strip("- "), figures
+    measured_on = {name: numbers["measured_on"] for name, numbers in record["benchmarks"].items() if "measured_on" in numbers}
+    return commit.strip("- "), figures, measured_on
 
 
 def side_by_side(figure: dict, old: dict | None) -> list[str]:
@@ -56,7 +58,7 @@ def side_by_side(figure: dict, old: dict | None) -> list[str]:
 
 
 def main(names: list[str]) -> None:
-    commit, record = committed()
+    commit, record, measured_on = committed()
     report, started = [], time.time()
     for name in names:
         os.environ.update(QUICK[name])
@@ -64,7 +66,9 @@ def main(names: list[str]) -> None:
         print(f"[bench-quick] {name} (python -m {BENCHMARKS[name]}, {' '.join(f'{k}={v}' for k, v in QUICK[name].items()) or 'as in make bench'})",
               flush=True)
         figures = importlib.import_module(BENCHMARKS[name]).main()
-        report.append(f"{name} ({time.time() - start:.0f} s):")
+        then = measured_on.get(name, "an earlier machine, unnamed")
+        other = "" if then.startswith(cpu() + ",") else " (another CPU than now's: compare the ratios within each run, not the values)"
+        report.append(f"{name} ({time.time() - start:.0f} s; committed on {then}{other}):")
         for figure in figures:
             report.extend(side_by_side(figure, record.get(figure["key"])))
     print(f"\nbench-quick against bench/results.json ({commit}), {time.time() - started:.0f} s in all")

