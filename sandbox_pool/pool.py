@@ -103,8 +103,8 @@ class PoolSettings(BaseModel):
         "warm containers of the sandbox image, one per concurrent run, with the containers' own limits")
     min_executors: int = Field(1, ge=0, description="executors kept even when idle")
     max_executors: int = Field(
-        2, ge=1, description="most executors the pool scales up to (2 of 4 programs keep a 2-core machine's cores busy: "
-        "more start processes that wait for the same cores; a cluster preset raises it)")
+        2, ge=1, description="most executors the pool scales up to (2 executors of 4 programs each keep a 2-core machine's "
+        "cores busy, and more only start processes that wait for the same cores; a cluster preset raises it)")
     initial_executors: int | None = Field(
         None, ge=0, description="executors started with the pool (default: min_executors)")
     concurrency_per_executor: int = Field(4, ge=1, description="programs one executor runs at a time")
