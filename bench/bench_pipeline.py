@@ -14,15 +14,18 @@ their steps of each part as the step's records time it (generating, with scoring
 scoring left once generation ended; learning; the push) against the step, and what is left (the
 controller's own work: batches, metrics, the next draw). Then each part alone, in the same run:
 the last synchronous run's final policy, with the components the trainer starts (its rollout
-workers, reward service, learner), on a step's worth of training tasks (PARTS_REPEATS rounds after
-a warm-up, medians): generating a step's samples with nothing scoring them, scoring those
-completions, one learner step on the step's batch, one push. Their sum against the step (the
-median of the sync runs' last five steps, near the final policy): what the step gains by scoring
-while it generates, and what it spends besides its parts.
+workers, reward service, learner), on the tasks the run would have drawn for its next steps (from
+its final checkpoint's draw state, so that the batches are like the step's: the train set's first
+tasks are all of the easiest level), PARTS_REPEATS rounds after a warm-up, medians: generating a
+step's samples with nothing scoring them, scoring those completions, one learner step on the
+step's batch, one push. Their sum against the step (the median of the sync runs' last five
+steps, near the final policy): what the step gains by scoring while it generates, and what it
+spends besides its parts.
 """
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -30,8 +33,10 @@ import time
 import ray
 
 from bench.plots import alternating, comparison, medians
+from coderloo.checkpoint import read_state
 from coderloo.config import load_config
 from coderloo.controller import train
+from coderloo.curriculum import TaskDraw
 from coderloo.metrics import read_metrics
 from coderloo.runtime import init_ray
 from coderloo.tasksets.loading import load_tasks
@@ -80,7 +85,8 @@ def run(staleness: int, out: str) -> dict:
 
 def parts_alone(out: str) -> dict[str, float]:
     """Median seconds of each of PARTS alone, with the policy the synchronous run in `out` ended
-    with, started as the trainer starts its components (coderloo/controller.py: run)."""
+    with, started as the trainer starts its components (coderloo/controller.py: run), on the
+    tasks of the steps the run would have taken next."""
     config = bench_config(0, out)
     model = f"{out}/checkpoints/final"
     rollout, learn = config.rollout, config.learner
@@ -95,11 +101,13 @@ def parts_alone(out: str) -> dict[str, float]:
     params = GenerationParams(n=rollout.samples_per_prompt, max_new_tokens=rollout.max_new_tokens,
                               temperature=rollout.temperature_at(STEPS), top_p=rollout.top_p, stop=rollout.stop)
     n = config.train.prompts_per_step
+    draw = TaskDraw(train_tasks, n, config.curriculum, random.Random())
+    draw.load_state(read_state(model))
     times: dict[str, list[float]] = {part: [] for part in PARTS}
     try:
         group.connect(learner.weight_sources)
         for r in range(PARTS_REPEATS + 1):  # the first round warms each part up
-            tasks = [train_tasks[(r * n + i) % len(train_tasks)] for i in range(n)]
+            tasks = draw.draw()
             answered = [answered_task(t, tokenizer, config.prompt) for t in tasks]
             generated = {}
             start = time.perf_counter()
