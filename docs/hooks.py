@@ -207,7 +207,10 @@ def render_reference(root: type[BaseModel]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _render_field(out: list[str], path: str, info: FieldInfo, level: int, seen: tuple) -> None:
+def _render_field(out: list[str], path: str, info: FieldInfo, level: int, seen: tuple, anchor_path: str | None = None) -> None:
+    """`anchor_path`: `path` with the variants it lies in, so that a section a model shares by all
+    its variants (learner.loss.mismatch) has an anchor in each."""
+    anchor_path = anchor_path or path
     models = models_in(info.annotation)
     discriminator = _discriminator(info)
     annotation = _unwrap(info.annotation)
@@ -217,7 +220,7 @@ def _render_field(out: list[str], path: str, info: FieldInfo, level: int, seen: 
     if many:
         # A choice of models: an overview, then a section per variant.
         heading = "#" * min(level, 6)
-        out += [f"{heading} `{path}{suffix}` {{ #{_anchor(path)} }}", ""]
+        out += [f"{heading} `{path}{suffix}` {{ #{_anchor(anchor_path)} }}", ""]
         if info.description:
             out += [info.description.strip(), ""]
         key = f"chosen by `{discriminator}`" if discriminator else "one of"
@@ -225,20 +228,20 @@ def _render_field(out: list[str], path: str, info: FieldInfo, level: int, seen: 
         for model in models:
             tag = _tag(model, discriminator)
             label = f"`{discriminator}: {tag}`" if tag else f"`{model.__name__}`"
-            out.append(f"- [{label}](#{_anchor(path + '.' + model.__name__)})")
+            out.append(f"- [{label}](#{_anchor(anchor_path + '.' + model.__name__)})")
         out.append("")
         for model in models:
             tag = _tag(model, discriminator)
             title = f"`{path}{suffix}` with `{discriminator}: {tag}`" if tag else f"`{path}{suffix}`: `{model.__name__}`"
-            _render_model(out, path + suffix, model, level + 1, seen, title, _anchor(path + "." + model.__name__), None)
+            _render_model(out, path + suffix, model, level + 1, seen, title, anchor_path + "." + model.__name__, None)
     else:
-        _render_model(out, path + suffix, models[0], level, seen, f"`{path}{suffix}`", _anchor(path), info)
+        _render_model(out, path + suffix, models[0], level, seen, f"`{path}{suffix}`", anchor_path, info)
 
 
 def _render_model(out: list[str], path: str, model: type[BaseModel], level: int, seen: tuple,
-                  title: str, anchor: str, info: FieldInfo | None) -> None:
+                  title: str, anchor_path: str, info: FieldInfo | None) -> None:
     heading = "#" * min(level, 6)
-    out += [f"{heading} {title} {{ #{anchor} }}", ""]
+    out += [f"{heading} {title} {{ #{_anchor(anchor_path)} }}", ""]
     if info is not None:
         if info.description:
             out += [info.description.strip(), ""]
@@ -250,13 +253,13 @@ def _render_model(out: list[str], path: str, model: type[BaseModel], level: int,
         return
     fields = list(model.model_fields.items())
     if fields:
-        out += [_table(model, path, fields), ""]
+        out += [_table(model, path, fields, anchor_path), ""]
     for name, field in fields:
         if models_in(field.annotation):
-            _render_field(out, f"{path}.{name}", field, level + 1, seen + (model,))
+            _render_field(out, f"{path}.{name}", field, level + 1, seen + (model,), f"{anchor_path}.{name}")
 
 
-def _table(model: type[BaseModel], path: str, fields: list[tuple[str, FieldInfo]]) -> str:
+def _table(model: type[BaseModel], path: str, fields: list[tuple[str, FieldInfo]], anchor_path: str | None = None) -> str:
     rows = ["| field | type | default | description |", "|---|---|---|---|"]
     for name, info in fields:
         kind = type_name(info.annotation)
@@ -265,6 +268,7 @@ def _table(model: type[BaseModel], path: str, fields: list[tuple[str, FieldInfo]
         full = f"{path}.{name}" if path else name
         description = _cell(info.description or "")
         if models_in(info.annotation):
-            description = (description + " " if description else "") + f"[Fields](#{_anchor(full)})."
+            linked = f"{anchor_path}.{name}" if anchor_path else full
+            description = (description + " " if description else "") + f"[Fields](#{_anchor(linked)})."
         rows.append(f"| `{name}` | {kind_cell} | {show_default(info)} | {description} |")
     return "\n".join(rows)

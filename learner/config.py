@@ -42,6 +42,37 @@ class LoraSettings(Section):
     )
 
 
+class MismatchCorrection(Section):
+    """How the sampler/learner mismatch is corrected: each token's loss is weighted by the importance
+    ratio p_learner / p_sampler (the learner's probability at the step's start over that of the
+    engine that sampled the token: other kernels, another precision, older weights), bounded."""
+
+    mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        default="token_truncate",
+        description="token_truncate: each token's ratio clamped to [floor, cap] (truncated IS); token_mask: a "
+        "token whose ratio leaves [floor, cap] weighs 0, the others their ratio (masked IS; IcePop with floor 0.5 "
+        "and cap 5); sequence_truncate and sequence_mask: the same with one ratio per sequence, the product of its "
+        "token ratios, for all its tokens (sequence-level TIS and MIS). TRL's vllm_importance_sampling_mode.",
+    )
+    cap: float = Field(default=2.0, gt=0, description="C_max: the ratio's upper bound.")
+    floor: float | None = Field(
+        default=None, ge=0,
+        description="C_min: the ratio's lower bound. Null: none for the truncate modes, 1 / cap for the mask "
+        "modes (a band [1/c, c] around 1).",
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> "MismatchCorrection":
+        if self.floor is not None and self.floor >= self.cap:
+            raise ValueError(f"floor {self.floor} must be below cap {self.cap}")
+        return self
+
+    @property
+    def lower(self) -> float | None:
+        """The lower bound in force: floor, or 1 / cap for a mask mode without one."""
+        return self.floor if self.floor is not None or self.mode.endswith("truncate") else 1.0 / self.cap
+
+
 class _PolicyLossBase(Variant):
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
         default="token_mean",
@@ -51,11 +82,9 @@ class _PolicyLossBase(Variant):
         "the sequence count (each token weighs the same whatever its completion's length); "
         "seq_mean_token_sum_norm: the sequence count times rollout.max_new_tokens (Dr. GRPO: a constant).",
     )
-    tis_cap: float | None = Field(
-        default=2.0, gt=0,
-        description="Truncated importance sampling: each token's loss is weighted by "
-        "min(p_learner / p_sampler, tis_cap), correcting the gap between the sampler's and the "
-        "learner's probabilities (null: no correction).",
+    mismatch: MismatchCorrection | None = Field(
+        default_factory=MismatchCorrection,
+        description="The correction of the gap between the sampler's and the learner's probabilities (null: none).",
     )
 
 
@@ -111,6 +140,13 @@ class VespoLoss(_PolicyLossBase):
     lambda_pos: float = Field(default=3.0, gt=0, description="The gamma weight's lambda for advantages >= 0.")
     k_neg: float = Field(default=3.0, ge=0, description="The gamma weight's k for negative advantages.")
     lambda_neg: float = Field(default=2.0, gt=0, description="The gamma weight's lambda for negative advantages.")
+
+    @model_validator(mode="after")
+    def _token_mismatch(self) -> "VespoLoss":
+        # its weight is already one of the sequence's ratio: the mismatch enters it per token (as in TRL)
+        if self.mismatch is not None and self.mismatch.mode.startswith("sequence"):
+            raise ValueError(f"learner.loss.mismatch.mode {self.mismatch.mode}: vespo takes token_truncate or token_mask")
+        return self
 
 
 PolicyLoss = Annotated[ClipLoss | CispoLoss | SapoLoss | VespoLoss, Field(discriminator="type")]

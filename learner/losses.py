@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.config import ClipLoss, PolicyLoss, VespoLoss
+from learner.config import ClipLoss, MismatchCorrection, PolicyLoss, VespoLoss
 
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
@@ -127,6 +127,37 @@ def _gamma_weight(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch
         return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def mismatch_weights(inputs: LossInputs, correction: MismatchCorrection | None) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Per token, the weight that corrects the gap between the sampler's and the learner's
+    probabilities (learner.loss.mismatch; no gradient; None without a correction), and its
+    statistics: the share of trained tokens it truncated or masked, the mean and spread over
+    sequences of their log-ratio log(p_learner / p_sampler) summed over their tokens, and the k3
+    estimate of KL(sampler || learner) per token (r - 1 - log r with r = p_learner / p_sampler,
+    whose mean under the sampler's tokens is that KL)."""
+    if correction is None:
+        return None, {}
+    mask, segments = inputs.mask.to(inputs.logprobs.dtype), inputs.segments
+    with torch.no_grad():
+        log_ratio = (inputs.step_start_logprobs - inputs.sampler_logprobs) * mask
+        sequence = correction.mode.startswith("sequence")
+        raw = torch.exp(sequence_sums(log_ratio, segments) if sequence else log_ratio)
+        low, high = correction.lower, correction.cap
+        if correction.mode.endswith("truncate"):
+            weight = raw.clamp(min=low, max=high)
+            changed, name = weight != raw, "mismatch_truncated_fraction"
+        else:
+            changed = (raw > high) | (raw < low)
+            weight, name = raw.masked_fill(changed, 0.0), "mismatch_masked_fraction"
+        sequence_log_ratio = per_sequence(log_ratio, segments)
+        return weight, {
+            "mismatch_weight_mean": masked_mean(weight, mask).item(),
+            name: masked_mean(changed.to(mask.dtype), mask).item(),
+            "mismatch_sequence_log_ratio_mean": sequence_log_ratio.mean().item(),
+            "mismatch_sequence_log_ratio_std": sequence_log_ratio.std(correction=0).item(),
+            "mismatch_kl_k3": masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask).item(),
+        }
+
+
 def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_estimator: str = "k3",
                 normalizer: float | None = None, max_new_tokens: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy-gradient loss over the masked tokens, with an optional KL penalty.
@@ -145,8 +176,9 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
       always per sequence).
 
     The samples came from the sampler (another engine, maybe older weights), whose logprobs differ;
-    with `tis_cap`, each token's loss is weighted by min(p_step_start / p_sampler, tis_cap)
-    (truncated importance sampling); vespo folds that ratio into w instead.
+    with `loss.mismatch`, each token's loss is weighted by the bounded ratio p_step_start / p_sampler
+    of its token or its sequence (mismatch_weights: truncated or masked importance sampling); vespo
+    folds that weight into w instead.
 
     The loss is the sum of the per-token terms, each sequence's weighted by the aggregation
     (_sequence_weights), divided by `normalizer`: by default the batch's own (loss_normalizer, which needs
@@ -165,11 +197,7 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
         ratio = torch.exp(log_ratio)
     low = 1.0 - (loss.eps_low if isinstance(loss, ClipLoss) else REPORT_BAND)
     high = 1.0 + getattr(loss, "eps_high", REPORT_BAND)
-    tis = None
-    if loss.tis_cap is not None:
-        raw = torch.exp(inputs.step_start_logprobs - inputs.sampler_logprobs).detach()
-        tis = raw.clamp(max=loss.tis_cap)
-    stats: dict[str, float] = {}
+    weight, stats = mismatch_weights(inputs, loss.mismatch)
     if loss.type == "clip":
         unclipped = ratio if loss.delta is None else ratio.clamp(max=loss.delta)
         per_token = -torch.min(unclipped * advantages, torch.clamp(ratio, low, high) * advantages)
@@ -187,7 +215,7 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
         per_token = -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages
         clipped_low, clipped_high = (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0)
     else:  # vespo
-        mismatch = 0.0 if tis is None else torch.log(tis.clamp(min=1e-8))
+        mismatch = 0.0 if weight is None else torch.log(weight.clamp(min=1e-8))
         phi = _gamma_weight(log_ratio + mismatch, advantages, mask, loss, segments)
         per_token = -phi * advantages * logprobs
         stats["vespo_weight_mean"] = masked_mean(phi.expand_as(mask), mask).item()
@@ -198,11 +226,8 @@ def policy_loss(inputs: LossInputs, loss: PolicyLoss, kl_coef: float = 0.0, kl_e
         clip_fraction_high=masked_mean(clipped_high.to(mask.dtype), mask).item(),
         ratio_mean=masked_mean(ratio, mask).item(),
     )
-    if tis is not None:
-        if loss.type != "vespo":
-            per_token = per_token * tis
-        stats["tis_weight_mean"] = masked_mean(tis, mask).item()
-        stats["tis_truncated_fraction"] = masked_mean((tis < raw).to(mask.dtype), mask).item()
+    if weight is not None and loss.type != "vespo":
+        per_token = per_token * weight
     stats["pg_loss"] = masked_mean(per_token, mask).item()
     if kl_coef > 0:
         if inputs.reference_logprobs is None:

@@ -103,7 +103,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
         assert r["grad_norm"] is not None and r["grad_norm"] > 0
         if r["staleness_max"] == 0:
             assert r["sampler_logprob_diff_mean"] < 1e-3  # vLLM and the learner agree on the policy
-        assert r["tis_weight_mean"] > 0
+        assert r["mismatch_weight_mean"] > 0
         assert "kl" in r and r["groups_filtered"] == 0
         # every sample's token rewards came back, one per token (else the step raises), and they
         # moved the advantages off the sequence's

@@ -14,13 +14,14 @@ from learner.losses import LossInputs, policy_loss, sft_loss, token_logprobs, va
 
 
 
-def loss_of(logprobs, step_start, advantages, mask, clip_eps=0.2, sampler_logprobs=None, tis_cap=None, ref_logprobs=None,
-            kl_coef=0.0, normalizer=None):
+def loss_of(logprobs, step_start, advantages, mask, clip_eps=0.2, sampler_logprobs=None, mismatch=None, ref_logprobs=None,
+            kl_coef=0.0, normalizer=None, segments=None):
     """policy_loss with one advantage per sequence ([B]) or per token ([B, T])."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
-    inputs = LossInputs(logprobs, step_start, step_start if sampler_logprobs is None else sampler_logprobs, advantages, mask, ref_logprobs)
-    return policy_loss(inputs, _family(eps_low=clip_eps, eps_high=clip_eps, tis_cap=tis_cap), kl_coef, "k3", normalizer)
+    inputs = LossInputs(logprobs, step_start, step_start if sampler_logprobs is None else sampler_logprobs, advantages, mask, ref_logprobs,
+                        segments)
+    return policy_loss(inputs, _family(eps_low=clip_eps, eps_high=clip_eps, mismatch=mismatch), kl_coef, "k3", normalizer)
 
 def test_whiten_scales_to_unit_std():
     adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]]))
@@ -60,16 +61,73 @@ def test_truncated_importance_sampling_weights_each_token():
     sampler = torch.tensor([[-0.5, -3.0]])
     logprobs = old.clone().requires_grad_(True)
     loss, stats = loss_of(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2,
-                              sampler_logprobs=sampler, tis_cap=2.0)
+                          sampler_logprobs=sampler, mismatch={"mode": "token_truncate", "cap": 2.0})
     loss.backward()
     w0 = torch.exp(torch.tensor(-0.5)).item()
     assert logprobs.grad[0].tolist() == pytest.approx([-w0 / 2, -2.0 / 2])
-    assert stats["tis_weight_mean"] == pytest.approx((w0 + 2.0) / 2)
-    assert stats["tis_truncated_fraction"] == 0.5
-    # Without the cap the sampler's logprobs are ignored.
+    assert stats["mismatch_weight_mean"] == pytest.approx((w0 + 2.0) / 2)
+    assert stats["mismatch_truncated_fraction"] == 0.5
+    # Without a correction the sampler's logprobs are ignored.
     plain, _ = loss_of(old.clone().requires_grad_(True), old, torch.tensor([1.0]), torch.ones(1, 2), 0.2,
-                           sampler_logprobs=sampler, tis_cap=None)
+                       sampler_logprobs=sampler, mismatch=None)
     assert plain.item() == pytest.approx(-1.0)
+
+
+# Two packed rows of three sequences: row 0 holds sequences 0 (tokens 0-1) and 1 (token 2), row 1
+# sequence 2 (tokens 0-1, token 2 padding). Per token log(p_step_start / p_sampler):
+MISMATCH_LOG_RATIO = torch.tensor([[0.5, 0.4, -2.0], [0.1, -0.3, 0.0]])
+MISMATCH_SEGMENTS = torch.tensor([[0, 0, 1], [2, 2, -1]])
+MISMATCH_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+def _mismatch_case(mode: str, **bounds):
+    old = torch.full((2, 3), -1.0)
+    logprobs = old.clone().requires_grad_(True)
+    loss, stats = loss_of(logprobs, old, torch.tensor([1.0, 1.0]), MISMATCH_MASK, 0.2, sampler_logprobs=old - MISMATCH_LOG_RATIO,
+                          mismatch={"mode": mode, **bounds}, segments=MISMATCH_SEGMENTS)
+    loss.backward()
+    # on policy (ratio 1, advantage 1, token mean over 5 tokens): each token's gradient is -weight / 5
+    return (-logprobs.grad * 5 * MISMATCH_MASK), stats
+
+
+@pytest.mark.parametrize("mode, bounds, weights, changed", [
+    # per token: e^0.5 = 1.65, e^0.4 = 1.49, e^0.1 and e^-0.3 = 0.74 kept; e^-2 = 0.14 below 1/2, the default floor
+    ("token_mask", {"cap": 2.0}, [[0.5, 0.4, None], [0.1, -0.3, None]], 1 / 5),
+    # IcePop's band [0.5, 5]: the same tokens
+    ("token_mask", {"cap": 5.0, "floor": 0.5}, [[0.5, 0.4, None], [0.1, -0.3, None]], 1 / 5),
+    # a cap of 1.5 drops e^0.5; a floor of 0.1 keeps e^-2
+    ("token_mask", {"cap": 1.5, "floor": 0.1}, [[None, 0.4, -2.0], [0.1, -0.3, None]], 1 / 5),
+    # per sequence, in [1/3, 3]: sequence 0's e^0.9 = 2.46 and sequence 2's e^-0.2 kept, sequence 1's e^-2 dropped
+    ("sequence_mask", {"cap": 3.0}, [[0.9, 0.9, None], [-0.2, -0.2, None]], 1 / 5),
+    # in [1/2, 2]: sequence 0 dropped too
+    ("sequence_mask", {"cap": 2.0}, [[None, None, None], [-0.2, -0.2, None]], 3 / 5),
+    # truncated per sequence at 2 (sequence 0) and from below at 0.5 (sequence 1)
+    ("sequence_truncate", {"cap": 2.0, "floor": 0.5}, [[math.log(2.0)] * 2 + [math.log(0.5)], [-0.2, -0.2, None]], 3 / 5),
+])
+def test_mismatch_modes_weigh_tokens_and_sequences(mode, bounds, weights, changed):
+    grads, stats = _mismatch_case(mode, **bounds)
+    expected = torch.tensor([[0.0 if w is None else math.exp(w) for w in row] for row in weights]) * MISMATCH_MASK
+    assert torch.allclose(grads, expected, atol=1e-6)
+    masked_or_truncated = stats["mismatch_masked_fraction" if mode.endswith("mask") else "mismatch_truncated_fraction"]
+    assert masked_or_truncated == pytest.approx(changed)
+    assert stats["mismatch_weight_mean"] == pytest.approx(expected.sum().item() / 5)
+
+
+def test_mismatch_statistics_are_the_sequences_log_ratios_and_a_k3_kl():
+    _, stats = _mismatch_case("token_truncate", cap=2.0)
+    sequences = torch.tensor([0.9, -2.0, -0.2])
+    assert stats["mismatch_sequence_log_ratio_mean"] == pytest.approx(sequences.mean().item())
+    assert stats["mismatch_sequence_log_ratio_std"] == pytest.approx(sequences.std(correction=0).item())
+    d = MISMATCH_LOG_RATIO[MISMATCH_MASK.bool()]
+    assert stats["mismatch_kl_k3"] == pytest.approx((torch.exp(d) - 1 - d).mean().item())
+    assert stats["mismatch_kl_k3"] > 0
+
+
+def test_mismatch_band_and_vespo_are_validated():
+    with pytest.raises(ValueError, match="floor 3.0 must be below cap 2.0"):
+        _family(mismatch={"cap": 2.0, "floor": 3.0})
+    with pytest.raises(ValueError, match="vespo takes token_truncate or token_mask"):
+        _family("vespo", mismatch={"mode": "sequence_mask"})
 
 
 def test_kl_penalty_is_zero_at_the_reference_and_positive_elsewhere():
@@ -240,8 +298,8 @@ def test_token_normalizer_makes_micro_batch_losses_add_up_to_the_whole():
 
 
 def _family(type: str = "clip", **fields):
-    """learner.loss of `type` without truncated importance sampling, with `fields`."""
-    return TypeAdapter(PolicyLoss).validate_python({"type": type, "tis_cap": None, **fields})
+    """learner.loss of `type` without a mismatch correction unless `fields` give one."""
+    return TypeAdapter(PolicyLoss).validate_python({"type": type, "mismatch": None, **fields})
 
 
 def _off_policy_batch(rows: int = 6, width: int = 8, seed: int = 0):

@@ -129,18 +129,20 @@ def _trl_loss(trainer, inputs: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 def _our_loss(trainer, inputs: dict, advantages: torch.Tensor, **fields) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
     """Our policy_loss on TRL's logprobs of the same batch, with the learner.loss section of
-    `fields` (clip at CLIP_EPS unless they say otherwise), no TIS (TRL without vLLM has none)."""
+    `fields` (clip at CLIP_EPS unless they say otherwise), no mismatch correction unless they give
+    one (against the sampler's logprobs in `inputs`, where TRL's vLLM path put them)."""
     model = trainer.model
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
     old = inputs["old_per_token_logps"]
+    sampler = inputs.get("sampling_per_token_logps", old)
     per_token = advantages.unsqueeze(1).expand_as(logps)
-    section = {"type": "clip", "tis_cap": None, **fields}
+    section = {"type": "clip", "mismatch": None, **fields}
     if section["type"] == "clip":
         section = {"eps_low": CLIP_EPS, "eps_high": CLIP_EPS, **section}
     config = TypeAdapter(PolicyLoss).validate_python(section)
-    loss, stats = policy_loss(LossInputs(logps, old, old, per_token, inputs["completion_mask"]), config, max_new_tokens=T)
+    loss, stats = policy_loss(LossInputs(logps, old, sampler, per_token, inputs["completion_mask"]), config, max_new_tokens=T)
     params = [p for p in model.parameters() if p.requires_grad]
     return loss, stats, list(torch.autograd.grad(loss, params))
 
@@ -199,6 +201,77 @@ def test_policy_loss_matches_trl(tiny_model, tmp_path, variant):
     assert abs(trl_loss.item() - wrong_loss.item()) > 1e-3 and _max_diff(trl_grads, wrong_grads) > 1e-3
     if control is not None:
         near_loss, _, near_grads = _our_loss(trainer, inputs, inputs["advantages"], **control)
+        assert abs(trl_loss.item() - near_loss.item()) > 1e-4 or _max_diff(trl_grads, near_grads) > 1e-4
+
+
+def _as_if_sampled_by_vllm(trainer, noise: float) -> None:
+    """TRL 1.16 corrects the sampler/learner mismatch only on its vLLM path, inline in
+    _generate_and_score_completions. Its generation here stays transformers', but each completion
+    comes with per-token sampler logprobs as vLLM returns them: the model's own plus `noise` x a
+    normal draw, so that TRL's own code computes the importance ratios."""
+    generate = trainer._generate
+    draw = torch.Generator().manual_seed(5)
+
+    def sampled(prompts):
+        trainer.use_vllm = False
+        try:
+            out = list(generate(prompts))
+        finally:
+            trainer.use_vllm = True
+        logprobs = []
+        for prompt_ids, completion_ids in zip(out[0], out[1]):
+            ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+            with torch.no_grad():
+                own, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), len(completion_ids))
+            logprobs.append((own[0] + noise * torch.randn(len(completion_ids), generator=draw)).tolist())
+        out[4] = logprobs  # _generate's sampler logprobs, per completion
+        return tuple(out)
+
+    trainer._generate = sampled
+    trainer.use_vllm = True
+
+
+# Each mismatch correction as TRL 1.16 sets it (vllm_importance_sampling_mode and its bounds), ours,
+# and a neighbouring config of ours that must not match. IcePop is TRL's token_mask with the band
+# [0.5, 5].
+TRL_MISMATCH = {
+    "token_truncate": (("token_truncate", None, 2.0), {"mode": "token_truncate", "cap": 2.0}, {"mode": "token_mask", "cap": 2.0}),
+    "token_mask": (("token_mask", 0.5, 2.0), {"mode": "token_mask", "cap": 2.0}, {"mode": "token_truncate", "cap": 2.0}),
+    "icepop": (("token_mask", 0.5, 5.0), {"mode": "token_mask", "cap": 5.0, "floor": 0.5}, {"mode": "token_mask", "cap": 5.0}),
+    "sequence_truncate": (("sequence_truncate", None, 2.0), {"mode": "sequence_truncate", "cap": 2.0},
+                          {"mode": "token_truncate", "cap": 2.0}),
+    "sequence_mask": (("sequence_mask", 0.5, 2.0), {"mode": "sequence_mask", "cap": 2.0}, {"mode": "token_mask", "cap": 2.0}),
+}
+
+
+@pytest.mark.parametrize("variant", list(TRL_MISMATCH))
+def test_mismatch_corrections_match_trl(tiny_model, tmp_path, variant):
+    (mode, clip_min, clip_max), ours, control = TRL_MISMATCH[variant]
+    rewards = _rewards()
+    trainer = _trainer(GRPOTrainer, GRPOConfig, tiny_model, tmp_path, rewards, beta=0.0)
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max = clip_min, clip_max
+    _as_if_sampled_by_vllm(trainer, noise=0.5)
+    inputs = _generation_batch(trainer)
+    weights = inputs["importance_sampling_ratio"]
+    assert weights.shape[1] == (1 if mode.startswith("sequence") else T)
+    kept = weights[weights > 0]
+    assert 0 < kept.numel() < weights.numel() if mode.endswith("mask") else (weights == clip_max).any()  # the bound does work
+
+    trl_loss, trl_grads = _trl_loss(trainer, inputs)
+    our_loss, stats, our_grads = _our_loss(trainer, inputs, inputs["advantages"], mismatch=ours)
+    assert abs(trl_loss.item() - our_loss.item()) <= TOL
+    assert _max_diff(trl_grads, our_grads) <= TOL
+    assert max(g.abs().max().item() for g in our_grads) > 1e-3
+    if mode.startswith("token"):  # TRL's mean is over trained tokens here, over sequences at sequence level
+        # logged as evaluation's: the model was in eval mode when the batch was generated
+        logged = trainer._metrics["eval"]["sampling/importance_sampling_ratio/mean"][-1]
+        assert stats["mismatch_weight_mean"] == pytest.approx(logged, abs=1e-6)
+
+    # The comparison can fail: without a correction, or with the neighbouring one, the loss or the gradients differ.
+    for other in (None, control):
+        near_loss, _, near_grads = _our_loss(trainer, inputs, inputs["advantages"], mismatch=other)
         assert abs(trl_loss.item() - near_loss.item()) > 1e-4 or _max_diff(trl_grads, near_grads) > 1e-4
 
 
