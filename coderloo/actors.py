@@ -1,6 +1,7 @@
 """The actors of a training run or an evaluation, started and stopped in one place (`started`)."""
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from tqdm import tqdm
 from coderloo.config import Config
 from coderloo.console import RunConsole
 from coderloo.runtime import dashboard_url, init_ray, metrics_endpoint
+from common.cpus import pin_process, pin_threads
 from learner.critic import OnlineCritic
 from learner.group import LearnerGroup
 from reward_service.client import RewardClient
@@ -55,7 +57,7 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
     for a training run the critic, connected to the learner's weights. On the way out, what
     started stops in that order, also after an error part-way, then Ray if it started here; the
     console shows no more of the actors' dying lines."""
-    actors, starts_ray = Actors(), not ray.is_initialized()
+    actors, starts_ray, before = Actors(), not ray.is_initialized(), None
     try:
         init_ray(address=config.ray_address, metrics_export_port=config.metrics_export_port if run else None,
                  dashboard=config.dashboard)
@@ -88,8 +90,13 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)
         if actors.learner is not None:
             actors.group.connect(actors.learner.weight_sources)
+        # After Ray's own processes started (they would inherit the set), and given back at the end.
+        before = os.sched_getaffinity(0)
+        pin_process(config.train.driver_cpus, "train.driver_cpus")
         yield actors
     finally:
+        if before is not None:
+            pin_threads(before)
         console.ending()
         actors.stop()
         if starts_ray:  # whoever starts Ray stops it; inside the console, so its last notices go to the log

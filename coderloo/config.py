@@ -19,6 +19,7 @@ from coderloo.models import TinyModelSpec
 from coderloo.runtime import REPO_ROOT
 from coderloo.tasksets.competitive import ColumnMapping
 from common.config import Section, with_default_variants
+from common.cpus import CpuSet
 from learner.config import CriticConfig, LearnerConfig
 from reward_service.config import ServiceConfig
 from rollout_workers.config import EnvConfig, PromptConfig, RolloutConfig, SingleEnv
@@ -145,6 +146,11 @@ class TrainConfig(Section):
         "(RLlib's PrioritizedReplayBuffer; 0: none, on-policy only).",
     )
     replay_capacity: int = Field(default=256, ge=1, description="Groups the replay buffer holds.")
+    driver_cpus: CpuSet = Field(
+        default=None, description="The CPUs the driver (this process, once the actors have started) is pinned to "
+        "(a cpuset list; common/cpus.py); null: any. rollout.cpus, learner.cpus, reward.cpus and reward.pool.cpus "
+        "pin the other roles.",
+    )
     max_staleness: int = Field(
         default=0, ge=0,
         description="How many steps generation may run ahead of the learner: 0 is synchronous (generate, "

@@ -19,6 +19,7 @@ from pathlib import Path
 import ray
 import torch
 
+from common.cpus import pin_process
 from common.memory import limit_own_memory, return_free_memory
 from common.weight_sync import WeightSource
 from learner import lora
@@ -80,6 +81,7 @@ class Learner(WeightSource):
     """
 
     def __init__(self, model_path: str, config, rank: int = 0, world_size: int = 1):
+        pin_process(config.cpus, "learner.cpus")  # before torch and DeepSpeed start their threads
         self.model_path = model_path
         self.config = config
         self.rank = rank

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from common.config import Section, Variant, with_default_variants
+from common.cpus import CpuSet
 
 
 class LoraSettings(Section):
@@ -270,6 +271,8 @@ class LearnerConfig(Section):
     num_ranks: int = Field(default=1, ge=1, description="Learner ranks (Ray actors in one torch.distributed group; data parallel).")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu (gloo) or cuda (one GPU per rank, NCCL).")
     threads: int = Field(default=2, ge=1, description="CPU threads of each rank's torch (CPU runs; Ray would give an actor one).")
+    cpus: CpuSet = Field(default=None, description="The CPUs each rank's process is pinned to " + '(a cpuset list: "0", "0-3", "0,2"; common/cpus.py), so that one machine stands in for separate devices; null: any. A CPU the node lacks is refused before the run starts.'
+                         + " Set threads to their number.")
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="Custom Ray resources each rank asks for, to place it on a node type that offers them "

@@ -27,6 +27,7 @@ from ray.serve.config import BackpressureConfig
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.cpus import pin_process
 from reward_service.attribution import token_rewards
 from reward_service.config import ServiceConfig
 from reward_service.fusion import SandboxFusion
@@ -93,6 +94,7 @@ class Metrics:
 @serve.ingress(app)
 class RewardService:
     def __init__(self, config: ServiceConfig):
+        pin_process(config.cpus, "reward.cpus")
         self.config = config
         app.state.max_body_bytes = config.max_body_bytes
         self.tasks: dict[str, Task] = {t.id: t for path in config.task_files for t in load_jsonl(path)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from common.config import Section
+from common.cpus import CpuSet
 from reward_service.weights import RewardWeights
 from sandbox_pool import Limits, PoolSettings
 
@@ -27,6 +28,7 @@ class ServiceConfig(Section):
     task_files: list[str] = Field(
         default_factory=list, description="JSONL task files (the one task format, e.g. from `coderloo tasks`) whose "
         "tasks requests may name by task_id.")
+    cpus: CpuSet = Field(None, description="The CPUs each replica's process is pinned to " + '(a cpuset list: "0", "0-3", "0,2"; common/cpus.py), so that one machine stands in for separate devices; null: any. A CPU the node lacks is refused before the run starts.')
     tokenizer_path: str | None = Field(None, description="Tokenizer for per-token rewards (None: token ids are refused).")
     max_batch: int = Field(256, ge=1, description="Most items in one request (more: 413).")
     client_batch_items: int = Field(

@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 
 from common.config import Section, Variant
+from common.cpus import CpuSet
 
 
 class WeightSyncConfig(Section):
@@ -37,6 +38,8 @@ class RolloutConfig(Section):
     # of 2 OpenMP threads then waits at its barriers for a descheduled thread (bench/results.md, pipeline).
     threads: int = Field(default=1, ge=1, description="CPU threads of each worker's engine (CPU runs only). Leave the "
                          "cores the sandbox scores on alongside generation: more threads than free cores make the engine slower.")
+    cpus: CpuSet = Field(default=None, description="The CPUs each worker's process is pinned to " + '(a cpuset list: "0", "0-3", "0,2"; common/cpus.py), so that one machine stands in for separate devices; null: any. A CPU the node lacks is refused before the run starts.'
+                         + " Set threads to their number.")
     temperature_schedule: list[tuple[int, float]] | None = Field(
         default=None,
         description="(RL step, temperature) points; the sampling temperature moves linearly between them "

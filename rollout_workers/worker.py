@@ -6,6 +6,7 @@ import os
 import ray
 import torch
 
+from common.cpus import pin_process
 from common.memory import limit_own_memory
 from common.placement import placement_options
 from common.weight_sync import BucketPlan
@@ -19,10 +20,13 @@ class StaleWeightsError(RuntimeError):
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, backend: str = "vllm", seed: int = 0, threads: int | None = None,
-                 engine: dict | None = None, lora_rank: int | None = None, memory_limit_mb: float | None = None):
+                 engine: dict | None = None, lora_rank: int | None = None, memory_limit_mb: float | None = None,
+                 cpus: str | None = None):
         """`engine`: the vLLM engine's options (dtype, gpu_memory_utilization, max_model_len).
         `lora_rank`: the learner pushes LoRA adapters of this rank (vLLM reserves room for them; the
-        transformers backend takes any). `memory_limit_mb`: this worker's own memory cgroup's limit."""
+        transformers backend takes any). `memory_limit_mb`: this worker's own memory cgroup's limit.
+        `cpus`: the CPU set it is pinned to (rollout.cpus), before the engine starts its threads."""
+        pin_process(cpus, "rollout.cpus")
         if memory_limit_mb is not None:
             limit_own_memory(ray.get_runtime_context().get_actor_name() or f"coderloo-rollout-{os.getpid()}", memory_limit_mb)
         if threads:
@@ -104,6 +108,6 @@ def start_workers(model_path: str, settings, seed: int, run: str | None = None, 
             max_restarts=-1, name=f"coderloo-rollout-{i}-{run}" if run else None,
             **placement_options(settings.gpus_per_worker, settings.resources),
         ).remote(model_path, settings.backend, seed=seed + i, threads=settings.threads, engine=settings.engine_options(), lora_rank=lora_rank,
-                                                                       memory_limit_mb=settings.memory_limit_mb)
+                                                                       memory_limit_mb=settings.memory_limit_mb, cpus=settings.cpus)
         for i in range(settings.num_workers)
     ]

@@ -48,6 +48,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.config import Variant, with_default_variants
+from common.cpus import CpuSet, pin_process
 from sandbox_pool.process_backend import ANSWER_MARGIN_S, ForkServer
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
 
@@ -108,6 +109,8 @@ class PoolSettings(BaseModel):
     initial_executors: int | None = Field(
         None, ge=0, description="executors started with the pool (default: min_executors)")
     concurrency_per_executor: int = Field(4, ge=1, description="programs one executor runs at a time")
+    cpus: CpuSet = Field(
+        None, description="the CPUs each executor, its fork server and every run it forks are pinned to " + '(a cpuset list: "0", "0-3", "0,2"; common/cpus.py), so that one machine stands in for separate devices; null: any. A CPU the node lacks is refused before the run starts.')
     idle_s: float = Field(60.0, gt=0, description="an executor with nothing to do this long is removed")
     start_timeout_s: float = Field(
         300.0, gt=0, description="for a new executor to be placed (an autoscaler may have to add a node) and pass its "
@@ -127,6 +130,8 @@ class PoolSettings(BaseModel):
             raise ValueError("max_executors must be at least min_executors")
         if self.initial_executors is not None and not self.min_executors <= self.initial_executors <= self.max_executors:
             raise ValueError("initial_executors must lie between min_executors and max_executors")
+        if self.cpus is not None and self.backend.type == "docker":
+            raise ValueError("cpus pins the process backend's executors; Docker's containers take backend.cpus")
         return self
 
 
@@ -139,7 +144,8 @@ class SandboxExecutor:
     call per program cost as much CPU as the program itself on a small machine (bench/results.md,
     reward_service)."""
 
-    def __init__(self, backend: ProcessSandbox | DockerSandbox, concurrency: int):
+    def __init__(self, backend: ProcessSandbox | DockerSandbox, concurrency: int, cpus: str | None = None):
+        pin_process(cpus, "reward.pool.cpus")  # before the fork server starts: it and its runs inherit the set
         if backend.type == "docker":
             from sandbox_pool.docker_backend import DockerBackend
 
@@ -294,7 +300,7 @@ class _Dispatcher:
         s = self.settings
         handle = SandboxExecutor.options(
             name=name, num_cpus=0, resources={RESOURCE: s.concurrency_per_executor}, max_restarts=0,
-        ).remote(s.backend, s.concurrency_per_executor)
+        ).remote(s.backend, s.concurrency_per_executor, s.cpus)
         executor = _Executor(name, handle)
         self.executors[name] = executor
         self.counts["executors_started"] += 1

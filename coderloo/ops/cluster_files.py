@@ -100,6 +100,18 @@ def local_placement_problems(config, resources: dict[str, float]) -> list[str]:
             for p in problems]
 
 
+def cpu_set_problems(config, available: set[int] | None = None) -> list[str]:
+    """Each role's CPU set (common/cpus.py) that names a CPU this machine lacks (by default: the
+    CPUs this process may run on). A cluster's actors check theirs on their nodes as they start."""
+    from common.cpus import missing_cpus
+
+    sets = {"rollout.cpus": config.rollout.cpus, "learner.cpus": config.learner.cpus, "reward.cpus": config.reward.cpus,
+            "reward.pool.cpus": config.reward.pool.cpus, "train.driver_cpus": config.train.driver_cpus}
+    have = ",".join(map(str, sorted(os.sched_getaffinity(0) if available is None else available)))
+    return [f"{field} {cpus!r}: CPU {', '.join(map(str, missing))} not on this machine (its CPUs: {have})"
+            for field, cpus in sets.items() if (missing := missing_cpus(cpus, available))]
+
+
 def check_local_resources(config) -> None:
     """A local cluster's actors fit this machine (or the local cluster this process already
     runs), before anything is written: else they would wait forever for a GPU or a resource no
@@ -116,7 +128,7 @@ def check_local_resources(config) -> None:
         resources = ray.cluster_resources()
     else:
         resources = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count()), SANDBOX_RESOURCE: LOCAL_SANDBOX_SLOTS}
-    problems = local_placement_problems(config, resources)
+    problems = local_placement_problems(config, resources) + cpu_set_problems(config)
     if problems:
         raise ConfigError("this config's actors do not fit the local Ray cluster:\n  " + "\n  ".join(problems))
 
