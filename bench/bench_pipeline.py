@@ -2,6 +2,7 @@
 
     python -m bench.bench_pipeline     # BENCH_PIPELINE_STEPS=20 RL steps, BENCH_PIPELINE_REPEATS=3 runs each
                                        # BENCH_PIPELINE_MODES="sync async" (bench/quick.py: sync alone)
+                                       # BENCH_PIPELINE_PINNED_REPEATS=2 runs each of the pinned pair (0: none)
 
 Training runs of the default config (SFT warm-up, then RL), with `train.max_staleness=0`
 (generate, score, train, push, in turn) and with 1 (step t+1 is generated and scored while the
@@ -21,6 +22,10 @@ step's samples with nothing scoring them, scoring those completions, one learner
 step's batch, one push. Their sum against the step (the median of the sync runs' last five
 steps, near the final policy): what the step gains by scoring while it generates, and what it
 spends besides its parts.
+
+Then the same pair with the roles on CPUs of their own (configs/async-pinned.yaml: scoring on one
+core, generation, the learner and the driver on the other), BENCH_PIPELINE_PINNED_REPEATS runs
+each: what the overlap buys where the roles do not take each other's cores.
 """
 from __future__ import annotations
 
@@ -54,19 +59,21 @@ TIMELINE = {"step": "time_step_s", "generation (scoring alongside)": "time_gener
             "learning": "time_learn_s", "push": "time_sync_s"}
 REPEATS = int(os.environ.get("BENCH_PIPELINE_REPEATS", "3"))
 MODES = {mode: {"sync": 0, "async": 1}[mode] for mode in os.environ.get("BENCH_PIPELINE_MODES", "sync async").split()}
+PINNED_REPEATS = int(os.environ.get("BENCH_PIPELINE_PINNED_REPEATS", "2"))
+PRESETS = {"default": "configs/default.yaml", "pinned": "configs/async-pinned.yaml"}
 PARTS_REPEATS = 3
 PARTS = ("generation", "scoring", "learning", "push")
 
 
-def bench_config(staleness: int, out: str):
-    return load_config("configs/default.yaml", [
+def bench_config(staleness: int, out: str, preset: str = "default"):
+    return load_config(PRESETS[preset], [
         f"train.output_dir={out}", f"train.steps={STEPS}", f"train.max_staleness={staleness}",
         "train.eval_every=0", "train.checkpoint_every=0",
     ])
 
 
-def run(staleness: int, out: str) -> dict:
-    config = bench_config(staleness, out)
+def run(staleness: int, out: str, preset: str = "default") -> dict:
+    config = bench_config(staleness, out, preset)
     summary = train(config)
     rl = [r for r in read_metrics(f"{out}/metrics.jsonl") if r["phase"] == "rl"]
     step_time = sum(r["time_step_s"] for r in rl)
@@ -137,11 +144,14 @@ def parts_alone(out: str) -> dict[str, float]:
     return {part: statistics.median(values) for part, values in times.items()}
 
 
-def main() -> list[dict]:
-    root = tempfile.mkdtemp(prefix="bench-pipeline-")
-    runs = alternating(REPEATS, {mode: lambda i, mode=mode, s=staleness: run(s, f"{root}/{mode}-{i}") for mode, staleness in MODES.items()})
+def pair(root: str, preset: str, repeats: int) -> tuple[dict, list[dict]]:
+    """MODES of `preset`, `repeats` alternating runs each: their runs, printed, and the figure
+    of async against sync."""
+    suffix = "" if preset == "default" else f"-{preset}"
+    runs = alternating(repeats, {mode: lambda i, mode=mode, s=staleness: run(s, f"{root}/{mode}{suffix}-{i}", preset)
+                                 for mode, staleness in MODES.items()})
     median = medians({mode: [{k: v for k, v in r.items() if k != "timeline"} for r in rs] for mode, rs in runs.items()})
-    print(f"pipeline, default config, {STEPS} RL steps each (no mid-run evals), medians of {REPEATS} runs each")
+    print(f"pipeline, {PRESETS[preset]}, {STEPS} RL steps each (no mid-run evals), medians of {repeats} runs each")
     for mode, r in median.items():
         each = ", ".join(f"{x['samples_per_s']:.1f}" for x in runs[mode])
         print(f"  {mode:5s}  {r['samples_per_s']:6.1f} samples/s (runs: {each})  learner idle {r['learner_idle']:5.1%}  "
@@ -151,10 +161,24 @@ def main() -> list[dict]:
         ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs["sync"], runs["async"])]
         print(f"  async / sync: {median['async']['samples_per_s'] / median['sync']['samples_per_s']:.2f}x samples/s "
               f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in ratios)})")
-        figures.append(comparison(f"pipeline, {STEPS} RL steps, median of {REPEATS}", "samples/s", "async",
-                                  {mode: r["samples_per_s"] for mode, r in median.items()}, key="pipeline, async against sync"))
-    if "sync" not in runs:
-        return figures
+        name = "pipeline" if preset == "default" else f"pipeline {preset}"
+        figures.append(comparison(f"{name}, {STEPS} RL steps, median of {repeats}", "samples/s", "async",
+                                  {mode: r["samples_per_s"] for mode, r in median.items()}, key=f"{name}, async against sync"))
+    return runs, figures
+
+
+def main() -> list[dict]:
+    root = tempfile.mkdtemp(prefix="bench-pipeline-")
+    runs, figures = pair(root, "default", REPEATS)
+    if "sync" in runs:
+        figures.append(step_against_parts(root, runs))
+    if PINNED_REPEATS:
+        figures += pair(root, "pinned", PINNED_REPEATS)[1]
+    return figures
+
+
+def step_against_parts(root: str, runs: dict) -> dict:
+    """The default sync runs' step timeline, and a step against the sum of its parts alone."""
     timeline = {name: statistics.median(r["timeline"][name] for r in runs["sync"]) for name in TIMELINE}
     step = timeline.pop("step")
     print(f"  a sync step, median over steps 2-{STEPS} and the {REPEATS} runs: {step:.3f} s")
@@ -170,10 +194,9 @@ def main() -> list[dict]:
     for part, seconds in alone.items():
         print(f"    {part:32s} {seconds:7.3f} s")
     print(f"    {'sum of the parts':32s} {total:7.3f} s;  step / sum {last / total:.2f}x")
-    figures.append(comparison(f"a sync step against the sum of its parts alone, {STEPS} RL steps", "s", "sync step",
-                              {"sync step": last, "sum of the parts": total, **alone}, lower_is_better=True,
-                              key="pipeline, a sync step against its parts"))
-    return figures
+    return comparison(f"a sync step against the sum of its parts alone, {STEPS} RL steps", "s", "sync step",
+                      {"sync step": last, "sum of the parts": total, **alone}, lower_is_better=True,
+                      key="pipeline, a sync step against its parts")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ QUICK = {
     "trl": {"BENCH_TRL_REPEATS": "2", "BENCH_TRL_OPTIMIZER_STEPS": "1"},
     "sandbox": {},
     "reward_service": {},
-    "pipeline": {"BENCH_PIPELINE_MODES": "sync", "BENCH_PIPELINE_REPEATS": "1", "BENCH_PIPELINE_STEPS": "8"},
+    "pipeline": {"BENCH_PIPELINE_MODES": "sync", "BENCH_PIPELINE_REPEATS": "1", "BENCH_PIPELINE_STEPS": "8",
+                 "BENCH_PIPELINE_PINNED_REPEATS": "0"},
 }
 
 

@@ -30,8 +30,9 @@ def test_a_bad_cpu_list_is_refused_naming_the_field(text, says):
 def test_a_cpu_the_machine_lacks_is_named_with_its_field():
     config = load_config("configs/async-pinned.yaml")
     assert cpu_set_problems(config, available={0, 1}) == []
-    problems = cpu_set_problems(config, available={0})
-    assert problems == ["learner.cpus '1': CPU 1 not on this machine (its CPUs: 0)"]
+    problems = cpu_set_problems(config, available={1})
+    assert problems == ["reward.cpus '0': CPU 0 not on this machine (its CPUs: 1)",
+                        "reward.pool.cpus '0': CPU 0 not on this machine (its CPUs: 1)"]
     assert cpu_set_problems(load_config("configs/default.yaml"), available={0}) == []  # no sets: nothing to check
 
 
@@ -41,8 +42,9 @@ def test_a_single_cpu_may_be_a_number():
 
 def test_the_pinned_preset_gives_each_role_its_cpus():
     config = load_config("configs/async-pinned.yaml")
-    assert (config.rollout.cpus, config.reward.cpus, config.reward.pool.cpus, config.train.driver_cpus) == ("0", "0", "0", "0")
-    assert (config.learner.cpus, config.learner.threads, config.train.max_staleness) == ("1", 1, 1)
+    assert (config.reward.cpus, config.reward.pool.cpus) == ("0", "0")
+    assert (config.rollout.cpus, config.learner.cpus, config.train.driver_cpus) == ("1", "1", "1")
+    assert (config.learner.threads, config.train.max_staleness) == (1, 1)
 
 
 def test_docker_containers_are_not_pinned_by_the_pool():
