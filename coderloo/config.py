@@ -155,9 +155,10 @@ class TrainConfig(Section):
         default=0, ge=0,
         description="How many steps generation may run ahead of the learner: 0 is synchronous (generate, "
         "score, train, push); 1 generates step t+1 while the learner trains on step t. Samples are "
-        "then up to this many policy versions old; truncated importance sampling corrects for it. On one CPU "
-        "machine generation, scoring and learning share the cores and overlapping them is slower "
-        "(bench/results.md); on a cluster, where they run on different devices, use 1.",
+        "then up to this many policy versions old; learner.loss.mismatch corrects for it. On one CPU "
+        "machine where generation, scoring and learning share the cores overlapping them gains nothing "
+        "(bench/results.md, pipeline); on a cluster, where they run on different devices, or with the roles "
+        "pinned to cores of their own (configs/async-pinned.yaml), use 1.",
     )
     max_refill_rounds: int = Field(
         default=0, ge=0,
