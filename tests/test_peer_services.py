@@ -10,6 +10,7 @@ import importlib.util
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -309,14 +310,20 @@ def test_a_full_queue_answers_504_which_verl_retries(service, verl, caplog):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(lambda _: requests.post(f"{service}/run_code", json=slow, timeout=60).status_code, range(8)))
     assert set(codes) <= {200, 504} and 504 in codes and 200 in codes, codes
-    # Three clients for two places: the third gets 504 and verl sends it again after 1 s, then 2 s more.
-    # Its last try finds a place once one 0.5 s program is done; with 4 clients of 1 s (as before) a
-    # loaded machine could still hold both places at 3 s, and verl then scores -1.
+    # A 1.5 s program holds the replica's place, then three verl clients of 0.5 s programs come for
+    # the one place in its queue: two get 504 whenever they arrive in those 1.5 s (three clients of
+    # their own alone could arrive staggered enough that each finds a place: seen once in a full
+    # suite). verl sends them again after 1 s (still full), then 2 s more: by then both places are
+    # free (the held program ended at 1.5 s, the queued one about 0.6 s later).
     caplog.set_level(logging.WARNING, logger="verl_sandbox_fusion.utils")
     program = slow["code"].replace("sleep(1)", "sleep(0.5)")
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    holder = {**slow, "code": slow["code"].replace("sleep(1)", "sleep(1.5)")}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        held = pool.submit(requests.post, f"{service}/run_code", json=holder, timeout=60)
+        time.sleep(0.3)  # it has the place (a request starts within tens of ms)
         scored = list(pool.map(lambda _: verl.utils.check_correctness(f"{service}/run_code", {"inputs": [""], "outputs": ["3\n"]},
                                                                 program, timeout=5)[0], range(3)))
+        assert held.result().status_code == 200
     assert scored == [[True]] * 3
     assert any("Gateway Timeout (504)" in record.getMessage() for record in caplog.records), "no client was sent back"
 
