@@ -41,13 +41,17 @@ CpuSet = Annotated[str | None, BeforeValidator(lambda v: str(v) if isinstance(v,
                    AfterValidator(_valid)]
 
 
-def missing_cpus(text: str | None, available: set[int] | None = None) -> list[int]:
-    """The CPUs of the set `text` that this process may not run on (by default: its own affinity,
-    the node's CPUs unless something pinned it)."""
+def cpu_set_problem(text: str | None, field: str, available: set[int] | None = None) -> str | None:
+    """What is wrong with the CPU set `text` of the config field `field` here, or None: a CPU this
+    process may not run on (`available`, by default its own affinity: the node's CPUs unless
+    something pinned it)."""
     if text is None:
-        return []
+        return None
     have = os.sched_getaffinity(0) if available is None else available
-    return [c for c in parse_cpus(text) if c not in have]
+    missing = [c for c in parse_cpus(text) if c not in have]
+    if not missing:
+        return None
+    return f"{field} {text!r}: CPU {', '.join(map(str, missing))} not on this node (its CPUs: {','.join(map(str, sorted(have)))})"
 
 
 def pin_process(text: str | None, field: str) -> None:
@@ -55,10 +59,9 @@ def pin_process(text: str | None, field: str) -> None:
     leave it). Raises ValueError naming the field when the node lacks one of its CPUs."""
     if text is None:
         return
-    missing = missing_cpus(text)
-    if missing:
-        have = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        raise ValueError(f"{field} {text!r}: CPU {', '.join(map(str, missing))} not on this node (its CPUs: {have})")
+    problem = cpu_set_problem(text, field)
+    if problem:
+        raise ValueError(problem)
     pin_threads(set(parse_cpus(text)))
 
 

@@ -31,8 +31,8 @@ def test_a_cpu_the_machine_lacks_is_named_with_its_field():
     config = load_config("configs/async-pinned.yaml")
     assert cpu_set_problems(config, available={0, 1}) == []
     problems = cpu_set_problems(config, available={1})
-    assert problems == ["reward.cpus '0': CPU 0 not on this machine (its CPUs: 1)",
-                        "reward.pool.cpus '0': CPU 0 not on this machine (its CPUs: 1)"]
+    assert problems == ["reward.cpus '0': CPU 0 not on this node (its CPUs: 1)",
+                        "reward.pool.cpus '0': CPU 0 not on this node (its CPUs: 1)"]
     assert cpu_set_problems(load_config("configs/default.yaml"), available={0}) == []  # no sets: nothing to check
 
 

@@ -103,13 +103,11 @@ def local_placement_problems(config, resources: dict[str, float]) -> list[str]:
 def cpu_set_problems(config, available: set[int] | None = None) -> list[str]:
     """Each role's CPU set (common/cpus.py) that names a CPU this machine lacks (by default: the
     CPUs this process may run on). A cluster's actors check theirs on their nodes as they start."""
-    from common.cpus import missing_cpus
+    from common.cpus import cpu_set_problem
 
     sets = {"rollout.cpus": config.rollout.cpus, "learner.cpus": config.learner.cpus, "reward.cpus": config.reward.cpus,
             "reward.pool.cpus": config.reward.pool.cpus, "train.driver_cpus": config.train.driver_cpus}
-    have = ",".join(map(str, sorted(os.sched_getaffinity(0) if available is None else available)))
-    return [f"{field} {cpus!r}: CPU {', '.join(map(str, missing))} not on this machine (its CPUs: {have})"
-            for field, cpus in sets.items() if (missing := missing_cpus(cpus, available))]
+    return [p for field, cpus in sets.items() if (p := cpu_set_problem(cpus, field, available))]
 
 
 def check_local_resources(config) -> None:
