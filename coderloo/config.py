@@ -289,6 +289,18 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _in_flight(self) -> "Config":
+        if not self.rollout.update_in_flight:
+            return self
+        if not self.train.max_staleness:
+            raise ValueError("rollout.update_in_flight with train.max_staleness 0: no generation runs while the learner "
+                             "pushes (synchronous steps); set max_staleness to 1 or more")
+        if self.learner.pushed_adapter_rank:
+            raise ValueError("rollout.update_in_flight with a LoRA adapter push (learner.lora.sync adapter): a request keeps "
+                             "the adapter it was queued with; set learner.lora.sync: merged, or update_in_flight: false")
+        return self
+
+    @model_validator(mode="after")
     def _lora_engine(self) -> "Config":
         lora = self.learner.lora
         if lora is None or lora.sync != "adapter" or self.rollout.backend != "vllm":

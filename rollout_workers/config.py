@@ -46,6 +46,13 @@ class RolloutConfig(Section):
         "and stays at the first one before them and at the last one after them (e.g. [[1, 0.9], [150, 0.1]]). None: `temperature` throughout.",
     )
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="How new weights reach the engines.")
+    update_in_flight: bool = Field(
+        default=False,
+        description="A push reaches the engines while they generate (with train.max_staleness >= 1): each pauses between "
+        "two decoding steps (vLLM's own pause, keeping its requests), loads the new weights, recomputes the running "
+        "sequences' keys and values with them and goes on; each sample records the version of each of its tokens "
+        "(Sample.segments). False: a push waits for the generation the engines are running to end (drain). vllm "
+        "backend only; not with learner.lora (a request keeps the adapter it was queued with).")
     # Placement and the engine on GPUs (cluster.yaml, configs/qwen2.5-coder-*.yaml)
     gpus_per_worker: float = Field(
         default=0.0, ge=0, description="GPUs each worker reserves in Ray: 1 on GPU nodes (an actor that reserves none sees none).")
@@ -73,6 +80,8 @@ class RolloutConfig(Section):
     def _engine_options(self) -> "RolloutConfig":
         if self.backend == "transformers" and self.dtype != "float32":
             raise ValueError("rollout.dtype applies to the vllm backend; the transformers backend generates in float32")
+        if self.backend == "transformers" and self.update_in_flight:
+            raise ValueError("rollout.update_in_flight: the transformers backend takes pushes between generations only (use the vllm backend)")
         if self.backend == "transformers" and self.weight_sync.transport not in ("auto", "gloo"):
             raise ValueError(f"rollout.weight_sync.transport {self.weight_sync.transport!r}: the transformers backend "
                              "receives weights by gloo (use 'auto' or 'gloo')")

@@ -10,7 +10,7 @@ import ray
 from common.weight_sync import WeightSyncError, WeightSyncTimeout
 from rollout_workers.config import WeightSyncConfig
 from rollout_workers.types import GenerationParams, Prompt, PromptRollout
-from rollout_workers.worker import StaleWeightsError
+from rollout_workers.worker import IN_FLIGHT, StaleWeightsError
 
 
 class RolloutGroup:
@@ -26,11 +26,15 @@ class RolloutGroup:
 
     The weight sources are actors with the methods of `WeightSource` (the learner's ranks): the
     first one sends; the others only take part in gathering the weights (ZeRO-3).
+
+    `in_flight`: the workers were started with update_in_flight (start_workers), and a push reaches
+    them while they generate; otherwise it waits for the generation they are running to end.
     """
 
-    def __init__(self, workers: list, sync: WeightSyncConfig | None = None, stuck_timeout_s: float = 600.0):
+    def __init__(self, workers: list, sync: WeightSyncConfig | None = None, stuck_timeout_s: float = 600.0, in_flight: bool = False):
         if not workers:
             raise ValueError("a rollout group needs at least one worker")
+        self.in_flight = in_flight
         self.workers = list(workers)
         self.sync = sync or WeightSyncConfig()
         self.stuck_timeout_s = stuck_timeout_s
@@ -217,7 +221,8 @@ class RolloutGroup:
             last = plan is self._plan
             refs = [self._sources[0].send_weights.remote(plan)]
             # an earlier stage is received and checked; the version moves with the last one
-            refs += [w.receive_weights.remote(plan, version if last else None) for w in self.workers]
+            receive = [w.receive_weights.options(concurrency_group=IN_FLIGHT) if self.in_flight else w.receive_weights for w in self.workers]
+            refs += [r.remote(plan, version if last else None) for r in receive]
             # the other sources only take part in gathering the weights (ZeRO-3); waited for alike
             refs += [source.send_weights.remote(plan, False) for source in self._sources[1:]]
             results = self._wait(refs, f"pushing weights version {version}" + ("" if last else f" ({plan.form} first)"))

@@ -66,7 +66,8 @@ class TransformersBackend:
             raise ValueError(f"the transformers backend receives weights on the CPU: transport must be 'gloo', got {backend!r}")
         self.group = open_group(backend, *args)
 
-    def receive_weights(self, plan: BucketPlan) -> None:
+    def receive_weights(self, plan: BucketPlan, version: int | None = None) -> None:
+        """Load a push (never during generation: this backend takes no in-flight updates)."""
         receiver = Receiver(self.group, plan, "cpu")
         if plan.adapter is not None:
             self._load_adapter(plan.adapter, {name: t.clone() for name, t in receiver.tensors()})

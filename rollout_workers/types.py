@@ -21,9 +21,16 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
 
 
+# Where each policy version's tokens start in a completion: [(first token's index, version), ...],
+# ascending. A push that reaches an engine mid-generation (rollout.update_in_flight) starts a segment.
+Segments = list[tuple[int, int]]
+
+
 @dataclass
 class Sample:
-    """One completion: the sampled tokens, the sampler's logprob of each, and the policy version."""
+    """One completion: the sampled tokens, the sampler's logprob of each, and the policy version
+    that sampled its first token (`segments`: the versions of the others, when a push came while it
+    was being generated)."""
 
     token_ids: list[int]
     sampler_logprobs: list[float]
@@ -31,6 +38,7 @@ class Sample:
     finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
     policy_version: int
     stop: str | None = None  # the stop sequence it ended at (None: EOS, the length, or no stop sequence given)
+    segments: Segments | None = None  # None: every token of policy_version
 
 
 @dataclass
@@ -50,16 +58,24 @@ class Turn:
     token_ids: list[int]
     sampler_logprobs: list[float]
     policy_mask: list[bool]
-    policy_version: int
+    policy_version: int  # the oldest of its tokens' versions (what train.max_staleness bounds)
     text: str
     reward: ItemReward | None = None
     truncated: bool = False  # the engine stopped it at max_new_tokens (finish reason "length")
+    segments: Segments | None = None  # the versions of its tokens (Sample.segments); None: all policy_version
+
+    def token_versions(self) -> list[int]:
+        """The policy version that sampled each of token_ids."""
+        if not self.segments:
+            return [self.policy_version] * len(self.token_ids)
+        bounds = [start for start, _ in self.segments[1:]] + [len(self.token_ids)]
+        return [v for (start, v), end in zip(self.segments, bounds) for _ in range(end - start)]
 
     @classmethod
     def of(cls, prompt_ids: list[int], sample: Sample, reward: ItemReward | None) -> Turn:
         """A turn that is one sample of the policy, all of it the policy's."""
         return cls(prompt_ids, sample.token_ids, sample.sampler_logprobs, [True] * len(sample.token_ids),
-                   sample.policy_version, sample.text, reward, truncated=sample.finish_reason == "length")
+                   sample.policy_version, sample.text, reward, truncated=sample.finish_reason == "length", segments=sample.segments)
 
 
 @dataclass
@@ -96,10 +112,13 @@ class Rollouts:
 
     def summary(self, version: int) -> dict[str, float]:
         """What the trajectories were: their outcomes, the policy's tokens per trajectory, and how
-        many policy versions behind `version` their turns were sampled."""
+        many policy versions behind `version` their turns (their oldest tokens) and their policy's
+        tokens were sampled."""
         trajectories = self.trajectories()
         outcomes = [t.outcome for t in trajectories]
-        staleness = [version - turn.policy_version for t in trajectories for turn in t.turns]
+        turns = [turn for t in trajectories for turn in t.turns]
+        staleness = [version - turn.policy_version for turn in turns]
+        token_staleness = [version - v for turn in turns for v, mine in zip(turn.token_versions(), turn.policy_mask) if mine]
         return {
             "reward_mean": sum(r.total for r in outcomes) / len(outcomes),
             "pass_rate": sum(r.passed for r in outcomes) / len(outcomes),
@@ -107,5 +126,7 @@ class Rollouts:
             "completion_tokens_mean": sum(sum(turn.policy_mask) for t in trajectories for turn in t.turns) / len(trajectories),
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
+            "staleness_token_mean": sum(token_staleness) / max(len(token_staleness), 1),
+            "updated_in_flight_fraction": sum(bool(turn.segments) and len(turn.segments) > 1 for turn in turns) / len(turns),
             "samples": len(trajectories),
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,12 @@ class VLLMBackend:
         self.context_length = self.llm.llm_engine.model_config.max_model_len
         self.lora = bool(lora_rank)
         self.lora_request = None  # the adapter requests are served with (the last one pushed)
+        # Held for each decoding step and for a push: a push that comes while requests are running
+        # (rollout.update_in_flight: the worker takes it in a thread of its own) lands between steps.
+        self.lock = threading.Lock()
+        # (request id, sample index) -> where each pushed version's tokens start, for requests
+        # that were running when a push came
+        self.segments: dict[tuple[str, int], list[tuple[int, int]]] = {}
 
     def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
         """(index, rollout) for each prompt as soon as its n samples are finished.
@@ -69,30 +76,71 @@ class VLLMBackend:
             logprobs=0,  # the sampled token's logprob only
         )
         inputs: list = [{"prompt_token_ids": list(p)} if isinstance(p, list) else p for p in prompts]
-        # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
-        first = self.llm.request_counter.counter
-        self.llm.enqueue(inputs, sampling, lora_request=self.lora_request, use_tqdm=False)
         engine = self.llm.llm_engine
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    yield int(out.request_id) - first, self._rollout(out, version)
+        with self.lock:
+            # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
+            first = self.llm.request_counter.counter
+            self.llm.enqueue(inputs, sampling, lora_request=self.lora_request, use_tqdm=False)
+        while True:
+            with self.lock:
+                if not engine.has_unfinished_requests():
+                    return
+                finished = [(out, self._segments_of(out)) for out in engine.step() if out.finished]
+            for out, segments in finished:
+                yield int(out.request_id) - first, self._rollout(out, version, segments)
+
+    def _segments_of(self, out) -> list:
+        return [self.segments.pop((out.request_id, c.index), None) for c in out.outputs]
 
     @staticmethod
-    def _rollout(out, version: int) -> PromptRollout:
+    def _rollout(out, version: int, segments: list) -> PromptRollout:
         samples = []
-        for c in out.outputs:
+        for c, pushed in zip(out.outputs, segments):
             ids = list(c.token_ids)
             sampler_logprobs = [entry[tok].logprob for tok, entry in zip(ids, c.logprobs)]
             finish = "length" if c.finish_reason == "length" else "stop"  # EOS or a stop sequence
             stop = c.stop_reason if isinstance(c.stop_reason, str) else None  # an int is a stop token's id
-            samples.append(Sample(ids, sampler_logprobs, c.text, finish, version, stop))
+            # segments: from the first token's version on, those of the pushes that came mid-way;
+            # a push before its first token sampled all of it
+            kept = [(0, version)]
+            for start, v in pushed or []:
+                if start == kept[-1][0]:
+                    kept[-1] = (start, v)
+                elif start < len(ids):
+                    kept.append((start, v))
+            samples.append(Sample(ids, sampler_logprobs, c.text, finish, kept[0][1], stop, kept if len(kept) > 1 else None))
         return PromptRollout(list(out.prompt_token_ids), samples)
 
     def join_weight_group(self, *args) -> None:
         self.llm.collective_rpc("coderloo_join_weight_group", args=args)
 
-    def receive_weights(self, plan: BucketPlan) -> None:
+    def receive_weights(self, plan: BucketPlan, version: int | None = None) -> None:
+        """Load a push. If requests are running (an in-flight update), between two decoding steps:
+        vLLM's own pause keeps them, the weights load, their keys and values are recomputed with
+        the new weights (so a sequence continues as an engine started with them would, given its
+        prefix), and each running sample records where `version`'s tokens start in it."""
+        with self.lock:
+            engine = self.llm.llm_engine
+            if not engine.has_unfinished_requests():
+                self._receive(plan)
+                return
+            if plan.adapter is not None:
+                raise WeightSyncError("an adapter push while requests are running: requests keep the adapter they were "
+                                      "queued with (rollout.update_in_flight does not apply to learner.lora)")
+            self.llm.sleep(level=0, mode="keep")  # the scheduler holds every request where it is
+            try:
+                self.llm.collective_rpc("coderloo_receive_weights", args=(plan,))
+                # running requests go back to the queue, their keys and values dropped: recomputed
+                self.llm.reset_prefix_cache(reset_running_requests=True)
+                self.lora_request = None
+                if version is not None:
+                    for state in engine.output_processor.request_states.values():
+                        key = (state.external_req_id, state.request_index)
+                        self.segments.setdefault(key, []).append((state.detokenizer.num_output_tokens(), version))
+            finally:
+                self.llm.wake_up(tags=["scheduling"])
+
+    def _receive(self, plan: BucketPlan) -> None:
         if plan.adapter is not None:
             self._receive_adapter(plan)
             return

@@ -17,7 +17,11 @@ class StaleWeightsError(RuntimeError):
     """A worker was asked to generate with weights older than the group's (it was restarted)."""
 
 
-@ray.remote
+# A push to a worker that takes updates in flight runs in this concurrency group's thread, beside
+# generation in the default group's.
+IN_FLIGHT = "weights"
+
+
 class RolloutWorker:
     def __init__(self, model_path: str, backend: str = "vllm", seed: int = 0, threads: int | None = None,
                  engine: dict | None = None, lora_rank: int | None = None, memory_limit_mb: float | None = None,
@@ -42,7 +46,7 @@ class RolloutWorker:
             self.backend = TransformersBackend(model_path, seed=seed)
         else:
             raise ValueError(f"unknown rollout backend {backend!r}: expected 'vllm' or 'transformers'")
-        self.backend_name = backend
+        self.backend_name, self.threads = backend, threads
         self.version = 0
 
     def generate_stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None, min_version: int = 0):
@@ -57,6 +61,8 @@ class RolloutWorker:
             raise StaleWeightsError(f"worker holds weights version {self.version}, the group is at {min_version}")
         if seed is not None:
             self.backend.reseed(seed)
+        if self.threads:
+            torch.set_num_threads(self.threads)  # in a concurrency group's thread (InFlightRolloutWorker): its own setting
         yield from self.backend.generate_stream(prompts, params, self.version)
 
     def join_weight_group(self, transport: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
@@ -80,7 +86,7 @@ class RolloutWorker:
         """
         if version is not None and version <= self.version:
             raise ValueError(f"weight version must increase: have {self.version}, got {version}")
-        self.backend.receive_weights(plan)
+        self.backend.receive_weights(plan, version)
         if version is not None:
             self.version = version
         return self.version
@@ -99,12 +105,19 @@ class RolloutWorker:
         return os.getpid(), self.version
 
 
+InFlightRolloutWorker = ray.remote(concurrency_groups={IN_FLIGHT: 1})(RolloutWorker)
+RolloutWorker = ray.remote(RolloutWorker)
+
+
 def start_workers(model_path: str, settings, seed: int, run: str | None = None, lora_rank: int | None = None) -> list:
     """`settings.num_workers` workers placed and configured by `settings` (a RolloutConfig): its GPUs, custom resources and engine options. With `run`, each is named
     `coderloo-rollout-<i>-<run>`. Ray restarts a worker that dies; RolloutGroup.recover brings it
-    back into the weight group. `lora_rank`: the weights pushed are LoRA adapters of this rank."""
+    back into the weight group. `lora_rank`: the weights pushed are LoRA adapters of this rank.
+    With `settings.update_in_flight`, each has a second thread (the IN_FLIGHT concurrency group)
+    for pushes that come while it generates."""
+    actor = InFlightRolloutWorker if settings.update_in_flight else RolloutWorker
     return [
-        RolloutWorker.options(
+        actor.options(
             max_restarts=-1, name=f"coderloo-rollout-{i}-{run}" if run else None,
             **placement_options(settings.gpus_per_worker, settings.resources),
         ).remote(model_path, settings.backend, seed=seed + i, threads=settings.threads, engine=settings.engine_options(), lora_rank=lora_rank,

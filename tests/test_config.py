@@ -194,6 +194,17 @@ def test_engine_options_and_placement_fields():
         load_config("configs/default.yaml", ["metrics_export_port=9100", "ray_address=auto"])
 
 
+def test_in_flight_updates_need_overlap_the_vllm_engine_and_whole_weight_pushes():
+    assert load_config("configs/async-pinned.yaml", ["rollout.update_in_flight=true"]).rollout.update_in_flight
+    with pytest.raises(ConfigError, match="rollout.update_in_flight with train.max_staleness 0"):
+        load_config("configs/default.yaml", ["rollout.update_in_flight=true"])
+    with pytest.raises(ConfigError, match="rollout.update_in_flight: the transformers backend"):
+        load_config("configs/async-pinned.yaml", ["rollout.update_in_flight=true", "rollout.backend=transformers"])
+    with pytest.raises(ConfigError, match="rollout.update_in_flight with a LoRA adapter push"):
+        load_config("configs/lora.yaml", ["rollout.update_in_flight=true", "train.max_staleness=1"])
+    assert load_config("configs/lora.yaml", ["rollout.update_in_flight=true", "train.max_staleness=1", "learner.lora.sync=merged"])
+
+
 def test_placement_options_leave_ray_defaults_alone():
     from common.placement import placement_options
 

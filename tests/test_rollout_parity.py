@@ -3,6 +3,7 @@ that cannot complete raises instead of hanging or passing silently."""
 import contextlib
 import os
 import signal
+import time
 
 import pytest
 import ray
@@ -210,3 +211,51 @@ def test_least_loaded_dispatch_spreads_concurrent_requests(ray_cluster, tiny_mod
     finally:
         for w in workers:
             ray.kill(w)
+
+
+def test_a_push_during_a_long_generation_lands_between_decoding_steps(ray_cluster, tiny_model):
+    """rollout.update_in_flight: a push reaches an engine while it generates (greedy, fp32), sent
+    when the first of the prompts finishes. Each sample still running then has two segments: its
+    tokens before the push are the old weights' and its tokens after are what a fresh engine
+    holding the new weights generates from the same prefix, with that engine's logprobs."""
+    from rollout_workers.worker import InFlightRolloutWorker
+
+    path = str(tiny_model)
+    source = ModelSource.remote(path)
+    busy, fresh = (InFlightRolloutWorker.remote(path, "vllm", threads=1) for _ in range(2))
+    group = RolloutGroup([busy, fresh], WeightSyncConfig(bucket_mb=0.25, timeout_s=60), in_flight=True)
+    long = GenerationParams(n=1, max_new_tokens=400, temperature=0.0)
+    try:
+        group.connect([source])
+        ray.get(source.perturb.remote(0.3))
+        group.push()  # version 1: prompt-dependent outputs of lengths from tens to hundreds of tokens
+        before = RolloutGroup([fresh]).generate(PROMPTS, long)
+        ray.get(source.perturb.remote(0.3))
+        out: list = [None] * len(PROMPTS)
+
+        def done(index, rollout):
+            if not any(out):
+                group.push()  # version 2, into `busy` while the other prompts are generated
+            out[index] = rollout
+
+        RolloutGroup([busy]).generate_each(PROMPTS, long, None, done)
+        split = [r for r in out if r.samples[0].segments]
+        assert len(split) >= len(PROMPTS) // 2, [(len(r.samples[0].token_ids), r.samples[0].segments) for r in out]
+        changed = 0
+        for rollout, old in zip(out, before):
+            sample = rollout.samples[0]
+            if not sample.segments:
+                assert sample.policy_version in (1, 2)
+                continue
+            (_, v1), (cut, v2) = sample.segments
+            assert (v1, v2) == (1, 2) and 0 < cut < len(sample.token_ids) and sample.policy_version == 1
+            assert sample.token_ids[:cut] == old.samples[0].token_ids[:cut]
+            prefix = rollout.prompt_ids + sample.token_ids[:cut]
+            again = RolloutGroup([fresh]).generate([prefix], GenerationParams(n=1, max_new_tokens=len(sample.token_ids) - cut, temperature=0.0))[0]
+            assert again.samples[0].token_ids == sample.token_ids[cut:]
+            assert again.samples[0].sampler_logprobs == pytest.approx(sample.sampler_logprobs[cut:], abs=1e-4)
+            changed += old.samples[0].token_ids[cut:] != sample.token_ids[cut:]
+        assert changed, "the new weights changed no continuation: the checks above would pass without the push"
+    finally:
+        for actor in (source, busy, fresh):
+            ray.kill(actor)

@@ -292,3 +292,19 @@ def test_no_gradient_reaches_an_observation_token(tiny_model):
     mask = torch.tensor(seq.mask)
     assert per_position[start:][~mask].max() == 0 and (per_position[start:][mask] > 0).all()
     assert per_position[:start].max() == 0  # nor the prompt's
+
+
+def test_a_sample_updated_in_flight_counts_its_oldest_token_and_each_tokens_version():
+    """A push that came mid-sample splits it into segments: staleness_max (what max_staleness
+    bounds) is of its oldest token, staleness_token_mean of each policy token."""
+    from rollout_workers.types import Rollouts
+
+    task = synthetic_suite()["train"][0]
+    split = Sample([1, 2, 3, 4, 5], [-0.1] * 5, "x", "stop", 3, None, [(0, 3), (3, 5)])
+    whole = Sample([1, 2], [-0.1] * 2, "y", "stop", 5)
+    turns = [Turn.of([9], split, reward(True)), Turn.of([9], whole, reward(False))]
+    assert turns[0].token_versions() == [3, 3, 3, 5, 5] and turns[1].token_versions() == [5, 5]
+    summary = Rollouts([[Trajectory(task, [t], t.reward) for t in turns]]).summary(version=6)
+    assert summary["staleness_max"] == 3 and summary["staleness_mean"] == 2
+    assert summary["staleness_token_mean"] == pytest.approx((3 * 3 + 2 * 1 + 2 * 1) / 7)
+    assert summary["updated_in_flight_fraction"] == 0.5
