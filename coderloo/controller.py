@@ -164,6 +164,15 @@ def refill(rollouts: Rollouts, wanted: int, rounds: int, generate) -> tuple[Roll
                       "refill_surplus_groups": drawn - len(kept)}
 
 
+def waits(t0: float, t_job: float, t_ready: float, score_tail: float) -> dict[str, float]:
+    """What the learner waited for between the step's start `t0` and its rollouts at `t_ready`:
+    the step's job (in the background since it was launched) until `t_job`, generating until its
+    last sample, then scoring what was left (for `score_tail` seconds); then the refill rounds.
+    With the push (`time_sync_s`), the learner's whole wait."""
+    generation = min(max(t_job - score_tail - t0, 0.0), t_job - t0)
+    return {"time_wait_generation_s": generation, "time_wait_scoring_s": t_job - t0 - generation, "time_wait_refill_s": t_ready - t_job}
+
+
 def push_weights(rollouts_group: RolloutGroup, learner: LearnerGroup) -> dict:
     """Push the learner's weights; if a worker died during the push, wait for it and push again
     (a learner rank that died is not waited for: LearnerError)."""
@@ -348,7 +357,7 @@ class Trainer:
     def step(self, step: int) -> dict:
         """One RL step; its line of metrics.jsonl."""
         t0 = time.time()
-        rollouts, refill_metrics = self.rollouts(step)
+        rollouts, waited = self.rollouts(step, t0)
         t_ready = time.time()
         for group in rollouts.groups:
             self.draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
@@ -360,25 +369,28 @@ class Trainer:
                              rollouts.metrics, batch.metrics, stats, sync, self.actors.rewards.retries,
                              critic_step.metrics() if critic_step else {}, kl_coef=learn.kl_coef_at(step),
                              temperature=self.config.rollout.temperature_at(step), curriculum_level=self.draw.curriculum.level,
-                             rollout_workers_stuck=self.actors.group.stuck, **refill_metrics)
+                             rollout_workers_stuck=self.actors.group.stuck, **waited)
         self.log_step(step, record, rollouts, batch)
         return record
 
-    def rollouts(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+    def rollouts(self, step: int, t0: float) -> tuple[Rollouts, dict[str, float]]:
         """Step `step`'s k trajectories per task (each turn tagged with the policy version that
         made it), scored by the reward service as they are made, in the background; the steps
         up to max_staleness ahead are launched first. With dynamic sampling, more prompts while
-        too few groups are informative."""
+        too few groups are informative. Also what the learner waited for since `t0`, the step's
+        start (`waits`)."""
         config, train = self.config, self.config.train
         while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
             tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
             self.jobs.append(Job(self.next_launch, tasks, in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed)))
             self.next_launch += 1
         rollouts = self.jobs.popleft().rollouts.result()
+        t_job, tail = time.time(), rollouts.metrics.get("time_score_tail_s", 0.0)
         if not train.max_refill_rounds:
-            return rollouts, {}
-        return refill(rollouts, train.prompts_per_step, train.max_refill_rounds,
-                      lambda n, round_index: self.more_rollouts(step, n, round_index))
+            return rollouts, waits(t0, t_job, t_job, tail)
+        rollouts, refill_metrics = refill(rollouts, train.prompts_per_step, train.max_refill_rounds,
+                                          lambda n, round_index: self.more_rollouts(step, n, round_index))
+        return rollouts, {**refill_metrics, **waits(t0, t_job, time.time(), tail)}
 
     def sampling(self, step: int) -> GenerationParams:
         rollout = self.config.rollout

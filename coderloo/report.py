@@ -23,7 +23,11 @@ from coderloo.metrics import read_metrics
 PAGE_DIR = Path(__file__).parent
 # The step's own parts, in order; they sum to time_step_s (coderloo.controller.step_record) up to
 # the few instructions between them, shown as "other".
-STEP_PARTS = {"time_wait_rollouts_s": "wait for rollouts", "time_learn_s": "learn", "time_sync_s": "weight sync"}
+# The wait for rollouts is split by what the learner waited for (a run from before the split has
+# the wait whole).
+STEP_PARTS = {"time_wait_generation_s": "wait: generation", "time_wait_scoring_s": "wait: scoring",
+              "time_wait_refill_s": "wait: refill rounds", "time_learn_s": "learn", "time_sync_s": "weight sync"}
+WHOLE_WAIT_PARTS = {"time_wait_rollouts_s": "wait for rollouts", "time_learn_s": "learn", "time_sync_s": "weight sync"}
 # The step's rollouts: made in the background, so they overlap the learning of the steps before.
 ROLLOUT_PARTS = {"time_generate_s": "generate", "time_score_tail_s": "score after the last sample",
                  "time_env_s": "environment (multi-turn: scoring and runs between turns)"}
@@ -149,7 +153,8 @@ def _eval_label(record: dict) -> str:
 def _timeline(rl: list[dict]) -> dict | None:
     if not any("time_step_s" in r for r in rl):
         return None
-    step_parts = {label: _column(rl, key) for key, label in STEP_PARTS.items()}
+    parts = STEP_PARTS if any("time_wait_generation_s" in r for r in rl) else WHOLE_WAIT_PARTS
+    step_parts = {label: _column(rl, key) for key, label in parts.items()}
     step_parts["other"] = [None if total is None else max(0.0, total - sum(v or 0.0 for v in parts))
                            for total, *parts in zip(_column(rl, "time_step_s"), *step_parts.values())]
     rollout_parts = {label: _column(rl, key) for key, label in ROLLOUT_PARTS.items() if any(key in r for r in rl)}

@@ -134,7 +134,8 @@ class MultiTurn:
         while live:
             t0 = time.time()
             live = self._react(live, params.max_new_tokens)
-            reacting += time.time() - t0
+            tail = time.time() - t0  # the last one: scoring after the last sample was generated
+            reacting += tail
             if not live:
                 break
             round_index += 1
@@ -148,7 +149,7 @@ class MultiTurn:
                 t.live.stops.append(sample.stop)
             generating += time.time() - t0
         groups = [[Trajectory(task, t.turns, t.outcome) for t in group] for task, group in zip(tasks, made, strict=True)]
-        return Rollouts(groups, self._metrics(made, generating, reacting, redos))
+        return Rollouts(groups, {**self._metrics(made, generating, reacting, redos), "time_score_tail_s": tail})
 
     def _react(self, live: list[_Making], max_new_tokens: int) -> list[_Making]:
         """The environment's replies to each live trajectory's latest turn: the trajectories that go

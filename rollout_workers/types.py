@@ -124,6 +124,7 @@ class Rollouts:
             "pass_rate": sum(r.passed for r in outcomes) / len(outcomes),
             "syntax_rate": sum(r.components.syntax for r in outcomes) / len(outcomes),
             "completion_tokens_mean": sum(sum(turn.policy_mask) for t in trajectories for turn in t.turns) / len(trajectories),
+            "completion_tokens_max": max(sum(sum(turn.policy_mask) for turn in t.turns) for t in trajectories),
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
             "staleness_token_mean": sum(token_staleness) / max(len(token_staleness), 1),

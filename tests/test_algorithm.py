@@ -266,3 +266,18 @@ def test_ppo_masks_truncated_completions_after_their_advantages():
     batch = build_batch(samples, LearnerConfig(advantage=PPO, mask_truncated=True), step=1)
     assert batch.sequences[0].mask == [False, False] and batch.sequences[1].mask == [True, True]
     assert batch.sequences[1].advantages == pytest.approx([1.0, 1.0])
+
+
+def test_the_learners_wait_is_split_by_what_it_waited_for():
+    """coderloo.controller.waits: the step starts at 10; its job ends at 14 after 1.5 s of scoring
+    past its last sample; refill rounds take it to 15."""
+    from coderloo.controller import waits
+
+    assert waits(10.0, 14.0, 15.0, 1.5) == pytest.approx(
+        {"time_wait_generation_s": 2.5, "time_wait_scoring_s": 1.5, "time_wait_refill_s": 1.0})
+    # generation ended before the step started: only scoring was waited for, and only since then
+    assert waits(10.0, 11.0, 11.0, 3.0) == pytest.approx(
+        {"time_wait_generation_s": 0.0, "time_wait_scoring_s": 1.0, "time_wait_refill_s": 0.0})
+    # an overlapped step whose rollouts were ready: no wait at all
+    assert waits(10.0, 10.0, 10.0, 0.4) == pytest.approx(
+        {"time_wait_generation_s": 0.0, "time_wait_scoring_s": 0.0, "time_wait_refill_s": 0.0})

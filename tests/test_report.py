@@ -91,8 +91,9 @@ def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdo
             "time_wait_rollouts_s": wait, "time_learn_s": learn, "time_sync_s": sync, "time_step_s": wait + learn + sync + 0.003,
             "learner_idle_fraction": wait / (wait + learn + sync), "loss": 0.01, "grad_norm": float("nan"),
         })
-        if with_breakdown:  # an older run has neither
-            records[-1].update(entropy=5.0 - 0.3 * step, clip_fraction_low=0.01 * step, clip_fraction_high=0.02)
+        if with_breakdown:  # an older run has neither, nor the wait split by what it waited for
+            records[-1].update(entropy=5.0 - 0.3 * step, clip_fraction_low=0.01 * step, clip_fraction_high=0.02,
+                               time_wait_generation_s=wait * 0.6, time_wait_scoring_s=wait * 0.4, time_wait_refill_s=0.0)
         if ppo:
             records[-1].update(explained_variance=-0.5 + 0.2 * step, value_loss=0.3 / step)
         completions = [f"    return n + {step}\n", HOSTILE, "    return sorted(xs)\n", "    retur n\n"]
@@ -132,7 +133,7 @@ def test_report_renders_every_chart_in_chromium(tmp_path):
         "clipping": {"line": 2, "point": 2 * 6},
         "sft": {"line": 1, "point": 5},
         "eval": {"line": metrics, "point": metrics * evaluations},
-        "timeline": {"bar": 6 * 4},  # wait for rollouts, learn, weight sync, other
+        "timeline": {"bar": 6 * 6},  # wait: generation, scoring, refill; learn, weight sync, other
         "rollouts": {"bar": 6 * 2},  # generate, score tail
         "by_difficulty": {"bar": 3 * columns},
         "by_family": {"bar": len(FAMILIES) * columns},
@@ -173,6 +174,7 @@ def test_a_run_from_before_the_breakdowns_still_has_a_report(tmp_path):
     write_run(run_dir, rl_steps=4, sft_steps=3, with_breakdown=False)
     dom = DomCount(run_chromium(tmp_path, "--dump-dom", write_report(run_dir).as_uri()))
     assert set(dom.marks) == {"train", "sft", "eval", "timeline", "rollouts"}
+    assert dom.marks["timeline"] == {"bar": 4 * 4}  # its wait for rollouts whole, learn, weight sync, other
     assert dom.notes == ["Policy entropy: not recorded in this run's files", "Clipped tokens: not recorded in this run's files",
                          "Pass rate by difficulty: not recorded in this run's files",
                          "Pass rate by task family: not recorded in this run's files"]
