@@ -65,10 +65,10 @@ PARTS_REPEATS = 3
 PARTS = ("generation", "scoring", "learning", "push")
 
 
-def bench_config(staleness: int, out: str, preset: str = "default"):
+def bench_config(staleness: int, out: str, preset: str = "default", overrides: tuple[str, ...] = (), steps: int = STEPS):
     return load_config(PRESETS[preset], [
-        f"train.output_dir={out}", f"train.steps={STEPS}", f"train.max_staleness={staleness}",
-        "train.eval_every=0", "train.checkpoint_every=0",
+        f"train.output_dir={out}", f"train.steps={steps}", f"train.max_staleness={staleness}",
+        "train.eval_every=0", "train.checkpoint_every=0", *overrides,
     ])
 
 

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "reward_load": "bench.bench_reward_load",
     "run_code": "bench.bench_run_code",
     "pipeline": "bench.bench_pipeline",
+    "in_flight": "bench.bench_in_flight",
     "trl": "bench.bench_trl",
     "lora": "bench.bench_lora",
     "algorithms": "bench.bench_algorithms",
