@@ -34,6 +34,7 @@ BENCHMARKS = {
     "run_code": "bench.bench_run_code",
     "pipeline": "bench.bench_pipeline",
     "in_flight": "bench.bench_in_flight",
+    "mismatch": "bench.bench_mismatch",
     "trl": "bench.bench_trl",
     "lora": "bench.bench_lora",
     "algorithms": "bench.bench_algorithms",
