@@ -5,7 +5,8 @@ plain truncated importance sampling (TIS, the default).
 
 Training runs of configs/async-pinned.yaml (train.max_staleness 1: each step's samples are one
 policy version old, and the engine's kernels are not the learner's), one per correction, taking
-turns, BENCH_MISMATCH_REPEATS times. Reported per correction, as medians over its runs: the share
+turns, BENCH_MISMATCH_REPEATS times, repeat i with train.seed i (a run of this preset is
+reproducible: the same seed gives the same pass@1, so the seeds give the spread). Reported per correction, as medians over its runs: the share
 of tokens (or, for the sequence modes, of sequences' tokens) it truncated or masked, the mean
 importance weight, the mean per-token k3 estimate of KL(sampler || learner) and the spread of the
 sequences' log-ratios (means over the steps), RL samples/s, and held-out pass@1 at the end.
@@ -33,8 +34,8 @@ CORRECTIONS = {
 }
 
 
-def run(overrides: tuple[str, ...], out: str) -> dict:
-    summary = train(bench_config(1, out, "pinned", overrides, steps=STEPS))
+def run(overrides: tuple[str, ...], out: str, seed: int) -> dict:
+    summary = train(bench_config(1, out, "pinned", (*overrides, f"train.seed={seed}"), steps=STEPS))
     rl = [r for r in read_metrics(f"{out}/metrics.jsonl") if r["phase"] == "rl" and "mismatch_weight_mean" in r]
 
     def mean(key: str) -> float:
@@ -54,9 +55,10 @@ def run(overrides: tuple[str, ...], out: str) -> dict:
 def main() -> list[dict]:
     root = tempfile.mkdtemp(prefix="bench-mismatch-")
     names = {name: f"c{i}" for i, name in enumerate(CORRECTIONS)}
-    runs = alternating(REPEATS, {name: lambda i, name=name: run(CORRECTIONS[name], f"{root}/{names[name]}-{i}") for name in CORRECTIONS})
+    runs = alternating(REPEATS, {name: lambda i, name=name: run(CORRECTIONS[name], f"{root}/{names[name]}-{i}", i) for name in CORRECTIONS})
     median = medians(runs)
-    print(f"mismatch corrections, configs/async-pinned.yaml (max_staleness 1), {STEPS} RL steps each; medians of {REPEATS} runs")
+    print(f"mismatch corrections, configs/async-pinned.yaml (max_staleness 1), {STEPS} RL steps each; medians of {REPEATS} runs "
+          f"(train.seed 0-{REPEATS - 1})")
     print(f"  {'correction':30s} {'truncated/masked':>16s} {'weight':>7s} {'k3 KL':>9s} {'seq log-ratio sd':>16s} {'samples/s':>9s}  pass@1 (runs)  greedy")
     for name, r in median.items():
         each = ", ".join(f"{x['pass@1']:.3f}" for x in runs[name])
