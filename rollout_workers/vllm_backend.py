@@ -58,6 +58,7 @@ class VLLMBackend:
         # (request id, sample index) -> where each pushed version's tokens start, for requests
         # that were running when a push came
         self.segments: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self.received = 0  # the last version pushed in
 
     def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
         """(index, rollout) for each prompt as soon as its n samples are finished.
@@ -81,6 +82,7 @@ class VLLMBackend:
             # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
             first = self.llm.request_counter.counter
             self.llm.enqueue(inputs, sampling, lora_request=self.lora_request, use_tqdm=False)
+            version = max(version, self.received)  # a push may have landed since the caller read its version
         while True:
             with self.lock:
                 if not engine.has_unfinished_requests():
@@ -123,6 +125,7 @@ class VLLMBackend:
             engine = self.llm.llm_engine
             if not engine.has_unfinished_requests():
                 self._receive(plan)
+                self.received = version or self.received
                 return
             if plan.adapter is not None:
                 raise WeightSyncError("an adapter push while requests are running: requests keep the adapter they were "
@@ -134,6 +137,7 @@ class VLLMBackend:
                 self.llm.reset_prefix_cache(reset_running_requests=True)
                 self.lora_request = None
                 if version is not None:
+                    self.received = version
                     for state in engine.output_processor.request_states.values():
                         key = (state.external_req_id, state.request_index)
                         self.segments.setdefault(key, []).append((state.detokenizer.num_output_tokens(), version))

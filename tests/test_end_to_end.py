@@ -70,6 +70,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
             "learner.advantage.filter_uninformative=false",
             "train.replay_groups=1",  # step 2 also learns from one replayed group of step 1
             "train.max_staleness=1",  # the asynchronous pipeline
+            "rollout.update_in_flight=true",  # its pushes reach the engine while it generates
             # configs/mixed.yaml's tasks: the 48 held-out stdin/stdout tasks come first, then 2 function ones
             "tasks.synthetic_kinds=[stdio,function]",
             "tasks.max_eval_tasks=50",
@@ -104,6 +105,10 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
         if r["staleness_max"] == 0:
             assert r["sampler_logprob_diff_mean"] < 1e-3  # vLLM and the learner agree on the policy
         assert r["mismatch_weight_mean"] > 0
+        assert 0 <= r["staleness_token_mean"] <= r["staleness_max"]
+        # what the learner waited for adds up to its wait for the rollouts
+        waited = r["time_wait_generation_s"] + r["time_wait_scoring_s"] + r["time_wait_refill_s"]
+        assert waited == pytest.approx(r["time_wait_rollouts_s"], abs=0.01)
         assert "kl" in r and r["groups_filtered"] == 0
         # every sample's token rewards came back, one per token (else the step raises), and they
         # moved the advantages off the sequence's
@@ -140,7 +145,7 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
     assert max(ours["ray_coderloo_samples_total"]) >= 16  # step 1's 4 prompts x 4 samples
     assert max(ours["ray_coderloo_samples_per_second"]) > 0
     phases = {labels["phase"] for labels, _ in seen["ray_coderloo_step_phase_seconds"] if labels.get("run") == out.name}
-    assert phases == {"generate", "score_tail", "wait_rollouts", "learn", "sync", "step"}
+    assert phases == {"generate", "score_tail", "wait_rollouts", "wait_generation", "wait_scoring", "wait_refill", "learn", "sync", "step"}
     assert {"pass@1", "greedy_pass@1"} <= {labels["metric"] for labels, _ in seen["ray_coderloo_eval_score"]}
     # the sandbox pool published its executors (the reward service's pool, on its own actor)
     assert max(v for labels, v in seen["ray_coderloo_sandbox_executors"] if labels["state"] == "ready") >= 1
