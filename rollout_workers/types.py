@@ -38,7 +38,7 @@ class Sample:
     finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
     policy_version: int
     stop: str | None = None  # the stop sequence it ended at (None: EOS, the length, or no stop sequence given)
-    segments: Segments | None = None  # None: every token of policy_version
+    segments: Segments | None = None  # two or more; None: every token of policy_version
 
 
 @dataclass
@@ -128,6 +128,6 @@ class Rollouts:
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
             "staleness_token_mean": sum(token_staleness) / max(len(token_staleness), 1),
-            "updated_in_flight_fraction": sum(bool(turn.segments) and len(turn.segments) > 1 for turn in turns) / len(turns),
+            "updated_in_flight_fraction": sum(turn.segments is not None for turn in turns) / len(turns),
             "samples": len(trajectories),
         }
