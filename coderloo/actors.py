@@ -84,7 +84,8 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
         console.quiet_loggers()  # Serve's, set up as it started
         if adapter:
             ray.get([w.load_adapter.remote(adapter) for w in actors.workers])
-        actors.group = RolloutGroup(actors.workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s, config.rollout.update_in_flight)
+        actors.group = RolloutGroup(actors.workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s, config.rollout.update_in_flight,
+                                    side_by_side=config.train.partial_rollouts)
         actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt)
         if config.env.multi_turn:
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)

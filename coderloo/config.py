@@ -160,6 +160,15 @@ class TrainConfig(Section):
         "(bench/results.md, pipeline); on a cluster, where they run on different devices, or with the roles "
         "pinned to cores of their own (configs/async-pinned.yaml), use 1.",
     )
+    partial_rollouts: bool = Field(
+        default=False,
+        description="A pool of (1 + max_staleness) x prompts_per_step groups generates across steps, and each step "
+        "trains on the first prompts_per_step groups that finished scoring; the others go on generating (later "
+        "tokens with the newer weights a push brings them in flight) and are taken by later steps. A group whose "
+        "oldest token is more than max_staleness versions behind when a step would take it is dropped, counted in "
+        "pool_dropped_groups, never trained. A checkpoint keeps the tasks of the groups not trained yet, and "
+        "--resume generates exactly those first. Needs rollout.update_in_flight; single-attempt rollouts only. "
+        "Not reproducible to the bit (which groups a step takes depends on timing).")
     max_refill_rounds: int = Field(
         default=0, ge=0,
         description="Dynamic sampling that refills (DAPO): while fewer than prompts_per_step of a step's groups "
@@ -286,6 +295,18 @@ class Config(Section):
         if self.train.replay_groups and self.learner.advantage.type == "ppo":
             raise ValueError("train.replay_groups with advantage ppo: a replayed group's returns and value "
                              "estimates are of an older value model; set replay_groups to 0")
+        return self
+
+    @model_validator(mode="after")
+    def _partial_rollouts(self) -> "Config":
+        if not self.train.partial_rollouts:
+            return self
+        if not self.rollout.update_in_flight:
+            raise ValueError("train.partial_rollouts needs rollout.update_in_flight: the groups that go on generating "
+                             "across a push take it in flight (a push that waited for them would wait for the whole pool)")
+        if self.env.multi_turn:
+            raise ValueError(f"train.partial_rollouts with env.name {self.env.name}: partial rollouts take single-attempt "
+                             "groups only; set env.name: none, or partial_rollouts: false")
         return self
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ from coderloo.evaluation import evaluate
 from coderloo.loggers import RunLog, check_installed
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
+from coderloo.pool import GroupPool
 from coderloo.ops.cluster_files import check_local_resources
 from coderloo.ops.resources import ResourceSampler
 from coderloo.report import write_report
@@ -288,6 +289,9 @@ class Trainer:
         self.evals: dict[str, dict] = {}
         self.jobs: deque[Job] = deque()
         self.replay: GroupReplay | None = None
+        self.pool = GroupPool() if config.train.partial_rollouts else None
+        self.launches = 0  # the pool's, for their seeds
+        self.dropped: list[str] = []  # the tasks of the groups the pool dropped this step
         self.first_step = self.next_launch = 1
         self.run_start = time.time()
 
@@ -380,6 +384,8 @@ class Trainer:
         too few groups are informative. Also what the learner waited for since `t0`, the step's
         start (`waits`)."""
         config, train = self.config, self.config.train
+        if self.pool is not None:
+            return self.pooled(step, t0)
         while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
             tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
             self.jobs.append(Job(self.next_launch, tasks, in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed)))
@@ -391,6 +397,35 @@ class Trainer:
         rollouts, refill_metrics = refill(rollouts, train.prompts_per_step, train.max_refill_rounds,
                                           lambda n, round_index: self.more_rollouts(step, n, round_index))
         return rollouts, {**refill_metrics, **waits(t0, t_job, time.time(), tail)}
+
+    def pooled(self, step: int, t0: float) -> tuple[Rollouts, dict[str, float]]:
+        """Partial rollouts (coderloo/pool.py): the pool filled, then the first prompts_per_step groups
+        scored that are within max_staleness of the weights this step trains."""
+        train = self.config.train
+        self.fill(step)
+        taken, dropped = self.pool.take(train.prompts_per_step, self.actors.group.version, train.max_staleness, lambda: self.fill(step))
+        t_job = time.time()
+        self.dropped = [f.group[0].task.id for f in dropped]
+        tail = taken[-1].scoring_s if taken[-1].at > t0 else 0.0  # scored before the step began: not waited for
+        metrics = {"pool_dropped_groups": len(dropped), "pool_carried_groups": sum(f.launched < step for f in taken),
+                   "pool_groups_in_flight": self.pool.holds(), "time_score_tail_s": tail}
+        return Rollouts([f.group for f in taken], metrics), waits(t0, t_job, t_job, tail)
+
+    def fill(self, step: int) -> None:
+        """Launch groups until the pool holds (1 + max_staleness) x prompts_per_step, or what this
+        and the later steps will take; the tasks of a resumed checkpoint's unfinished groups first."""
+        train = self.config.train
+        size = min((1 + train.max_staleness) * train.prompts_per_step, (train.steps - step + 1) * train.prompts_per_step)
+        wanted = size - self.pool.holds()
+        if wanted <= 0:
+            return
+        tasks = self.draw.reissue()
+        tasks += self.draw.draw(wanted - len(tasks)) if wanted > len(tasks) else []
+        if not tasks:
+            return
+        params, seed = self.sampling(step), generation_seed(self.config, step, 1_000 + self.launches)
+        self.launches += 1
+        self.pool.launch(tasks, step, lambda done: self.actors.strategy.run(tasks, params, seed, done=done))
 
     def sampling(self, step: int) -> GenerationParams:
         rollout = self.config.rollout
@@ -445,13 +480,15 @@ class Trainer:
         shown = self.rng.randrange(len(rollouts.groups))
         group = rollouts.groups[shown]
         turns = {"turns": [[turn.text for turn in t.turns] for t in group]} if self.config.env.multi_turn else {}
+        dropped = {"dropped": self.dropped} if self.pool is not None else {}
         self.samples_log.write("rl", step, task=group[0].task.id, completions=[t.turns[-1].text for t in group],
-                               rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in group], **turns)
+                               rewards=batch.rewards[shown].tolist(), feedback=[t.outcome.feedback for t in group],
+                               trained=[g[0].task.id for g in rollouts.groups], **dropped, **turns)
 
     def save_checkpoint(self, step: int) -> None:
         """The learner's (and critic's) weights and optimizer, and the controller's state, as step_<step>."""
-        state = {"step": step, "version": self.actors.group.version, "evals": dict(self.evals),
-                 **self.draw.state([j.tasks for j in self.jobs])}
+        in_flight = [self.pool.unfinished()] if self.pool is not None else [j.tasks for j in self.jobs]
+        state = {"step": step, "version": self.actors.group.version, "evals": dict(self.evals), **self.draw.state(in_flight)}
 
         def write_model(directory: Path) -> None:
             self.actors.learner.save(str(directory), with_state=True)
@@ -464,6 +501,8 @@ class Trainer:
     def finish(self) -> dict:
         """The final evaluation and checkpoint (checkpoints/final), the plots, summary.json and the report."""
         steps = self.config.train.steps
+        if self.pool is not None:
+            self.pool.drain()  # the groups no step took: the evaluation has the engines alone
         final = self.evaluate("rl", steps)
         self.save_checkpoint(steps)
         final_link = self.checkpoints / "final"

@@ -98,6 +98,13 @@ class TaskDraw:
         tasks, self.order = self.order[:n], self.order[n:]
         return tasks
 
+    def reissue(self) -> list[Task]:
+        """The tasks of everything that was in flight at the checkpoint resumed from, at once (partial
+        rollouts: coderloo/pool.py), then none."""
+        tasks = [self.by_id[i] for ids in self.pending for i in ids]
+        self.pending = []
+        return tasks
+
     def update(self, task_id: str, pass_rate: float) -> None:
         self.curriculum.update(task_id, pass_rate)
 

@@ -10,7 +10,7 @@ import ray
 from common.weight_sync import WeightSyncError, WeightSyncTimeout
 from rollout_workers.config import WeightSyncConfig
 from rollout_workers.types import GenerationParams, Prompt, PromptRollout
-from rollout_workers.worker import IN_FLIGHT, StaleWeightsError
+from rollout_workers.worker import IN_FLIGHT, SIDE_BY_SIDE, StaleWeightsError
 
 
 class RolloutGroup:
@@ -29,12 +29,17 @@ class RolloutGroup:
 
     `in_flight`: the workers were started with update_in_flight (start_workers), and a push reaches
     them while they generate; otherwise it waits for the generation they are running to end.
+    `side_by_side` (with `in_flight`): generation calls run at once in each engine, their requests
+    in one batch (partial rollouts); otherwise each waits for the one before it.
     """
 
-    def __init__(self, workers: list, sync: WeightSyncConfig | None = None, stuck_timeout_s: float = 600.0, in_flight: bool = False):
+    def __init__(self, workers: list, sync: WeightSyncConfig | None = None, stuck_timeout_s: float = 600.0, in_flight: bool = False,
+                 side_by_side: bool = False):
         if not workers:
             raise ValueError("a rollout group needs at least one worker")
-        self.in_flight = in_flight
+        if side_by_side and not in_flight:
+            raise ValueError("side-by-side generation needs workers that take updates in flight (InFlightRolloutWorker)")
+        self.in_flight, self.side_by_side = in_flight, side_by_side
         self.workers = list(workers)
         self.sync = sync or WeightSyncConfig()
         self.stuck_timeout_s = stuck_timeout_s
@@ -70,7 +75,8 @@ class RolloutGroup:
             for i, start in enumerate(range(0, len(prompts), share)):
                 chunk = prompts[start : start + share]
                 index = min(range(len(self.workers)), key=self.load)
-                call = self.workers[index].generate_stream.options(num_returns="streaming")
+                call = self.workers[index].generate_stream.options(
+                    num_returns="streaming", **({"concurrency_group": SIDE_BY_SIDE} if self.side_by_side else {}))
                 ref = call.remote(chunk, params, None if seed is None else seed + i, self.version)
                 self._inflight[index][ref] = len(chunk)
                 out.append((start, index, ref))

@@ -16,6 +16,7 @@ a new environment is a new strategy.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -38,6 +39,11 @@ class RolloutStrategy(Protocol):
         called (from a thread of the rollout group) as each task's first samples are generated."""
 
 
+# A group handed on as soon as it is scored (partial rollouts): (the task's index, its k
+# trajectories, how long its scoring took after its samples were generated).
+GroupDone = Callable[[int, list[Trajectory], float], None]
+
+
 class SingleAttempt:
     """`tokenizer` and `prompt`: how tasks are rendered into prompts (rollout_workers.prompts; no
     tokenizer: a model without a chat template)."""
@@ -48,27 +54,38 @@ class SingleAttempt:
         uses_chat_template(tokenizer, self.prompt)  # prompt.chat_template 'on' without a template fails here
 
     def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
-            progress: Callable[[int], None] | None = None) -> Rollouts:
+            progress: Callable[[int], None] | None = None, done: GroupDone | None = None) -> Rollouts:
+        """Also `done(index, group, scoring_s)` (from a thread of its own) as each task's group is scored."""
         started = time.time()
         tasks = [answered_task(t, self.tokenizer, self.prompt) for t in tasks]
         params = generation_params(params, self.tokenizer, self.prompt)
         rollouts: list[PromptRollout | None] = [None] * len(tasks)
         pending: list = [None] * len(tasks)
+        collectors: list[threading.Thread] = []
+
+        def group(index: int) -> list[Trajectory]:
+            rewards = self.rewards.collect(pending[index])  # collected once: a second call reads the answer
+            return [Trajectory(tasks[index], [Turn.of(rollouts[index].prompt_ids, sample, reward)], reward)
+                    for sample, reward in zip(rollouts[index].samples, rewards, strict=True)]
+
+        def collect(index: int, generated: float) -> None:
+            done(index, group(index), time.time() - generated)
 
         def score(index: int, rollout: PromptRollout) -> None:
             token_ids = [s.token_ids for s in rollout.samples] if self.rewards.per_token else None
             pending[index] = self.rewards.submit([tasks[index]] * len(rollout.samples), [s.text for s in rollout.samples], token_ids)
             rollouts[index] = rollout
+            if done is not None:
+                collectors.append(threading.Thread(target=collect, args=(index, time.time()), name="group-done", daemon=True))
+                collectors[-1].start()
             if progress is not None:
                 progress(1)
 
         redos = self.group.generate_each([render(t, self.tokenizer, self.prompt) for t in tasks], params, seed, score)
         generated = time.time()
-        groups = [
-            [Trajectory(task, [Turn.of(rollout.prompt_ids, sample, reward)], reward)
-             for sample, reward in zip(rollout.samples, self.rewards.collect(request), strict=True)]
-            for task, rollout, request in zip(tasks, rollouts, pending, strict=True)
-        ]
+        groups = [group(i) for i in range(len(tasks))]
+        for c in collectors:
+            c.join()
         metrics = {"time_generate_s": generated - started, "time_score_tail_s": time.time() - generated, "rollout_retries": redos}
         return Rollouts(groups, metrics)
 

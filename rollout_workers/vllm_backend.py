@@ -59,6 +59,7 @@ class VLLMBackend:
         # that were running when a push came
         self.segments: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self.received = 0  # the last version pushed in
+        self.owners: dict[int, list] = {}  # request id -> the finished outputs of the call that queued it
 
     def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
         """(index, rollout) for each prompt as soon as its n samples are finished.
@@ -78,17 +79,28 @@ class VLLMBackend:
         )
         inputs: list = [{"prompt_token_ids": list(p)} if isinstance(p, list) else p for p in prompts]
         engine = self.llm.llm_engine
+        mine: list = []  # this call's finished outputs, handed over by whichever call stepped the engine
         with self.lock:
             # Outputs carry the LLM's own request ids: consecutive numbers from its counter.
             first = self.llm.request_counter.counter
             self.llm.enqueue(inputs, sampling, lora_request=self.lora_request, use_tqdm=False)
+            for i in range(len(inputs)):
+                self.owners[first + i] = mine
             version = max(version, self.received)  # a push may have landed since the caller read its version
-        while True:
+        left = len(inputs)
+        while left:
             with self.lock:
-                if not engine.has_unfinished_requests():
-                    return
-                finished = [(out, self._segments_of(out)) for out in engine.step() if out.finished]
+                if not mine:
+                    if not engine.has_unfinished_requests():
+                        raise RuntimeError(f"the engine holds none of this call's {left} unfinished requests")
+                    # Calls running side by side (partial rollouts) share the engine's batch: each
+                    # step's finished requests go to the calls that own them.
+                    for out in engine.step():
+                        if out.finished:
+                            self.owners.pop(int(out.request_id)).append((out, self._segments_of(out)))
+                finished, mine[:] = list(mine), []
             for out, segments in finished:
+                left -= 1
                 yield int(out.request_id) - first, self._rollout(out, version, segments)
 
     def _segments_of(self, out) -> list:

@@ -20,6 +20,9 @@ class StaleWeightsError(RuntimeError):
 # A push to a worker that takes updates in flight runs in this concurrency group's thread, beside
 # generation in the default group's.
 IN_FLIGHT = "weights"
+# With partial rollouts, generation calls run in this group's threads, side by side: the engine
+# batches their requests together (VLLMBackend.generate_stream).
+SIDE_BY_SIDE = "generate"
 
 
 class RolloutWorker:
@@ -105,7 +108,7 @@ class RolloutWorker:
         return os.getpid(), self.version
 
 
-InFlightRolloutWorker = ray.remote(concurrency_groups={IN_FLIGHT: 1})(RolloutWorker)
+InFlightRolloutWorker = ray.remote(concurrency_groups={IN_FLIGHT: 1, SIDE_BY_SIDE: 8})(RolloutWorker)
 RolloutWorker = ray.remote(RolloutWorker)
 
 

@@ -107,7 +107,7 @@ def chain_args(tiny_model, out) -> list[str]:
     return [f"model.path={tiny_model}", f"train.output_dir={out}", *CHAIN]
 
 
-def kill_controller_after_its_first_checkpoint(args: list[str], terminal: Path) -> str:
+def kill_controller_after_its_first_checkpoint(args: list[str], terminal: Path, config: str = "configs/ppo.yaml") -> str:
     """The controller in its own process, a driver of the test's Ray cluster, killed with SIGKILL
     once a checkpoint is written (when it dies, Ray removes the actors it owned); the checkpoint
     `latest` named then."""
@@ -115,7 +115,7 @@ def kill_controller_after_its_first_checkpoint(args: list[str], terminal: Path) 
     latest = Path(args[1].split("=", 1)[1]) / "checkpoints" / "latest"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with terminal.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, "train", "--config", "configs/ppo.yaml", *args,
+        proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, "train", "--config", config, *args,
                                  f"ray_address={gcs}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
@@ -244,3 +244,46 @@ def test_resume_continues_exactly_after_a_killed_controller_and_a_full_disk(ray_
     assert resumed["final"]["greedy_pass@1"] > 0, "nothing passes: the comparison says little"
     assert main(["eval", "--model", str(tiny_model), "--adapter", str(tmp_path)]) == 2
     assert "no adapter_config.json" in capsys.readouterr().err
+
+
+PARTIAL = [
+    "train.steps=4", "train.checkpoint_every=2", "train.eval_every=0", "train.prompts_per_step=4",
+    "train.max_staleness=1", "rollout.update_in_flight=true", "train.partial_rollouts=true",
+    "sft.steps=10", "tasks.max_eval_tasks=4", "eval.samples_per_task=2", "eval.k=[1]",
+]
+
+
+def test_partial_rollouts_resume_reissues_exactly_the_groups_not_trained(ray_cluster, tiny_model, tmp_path):
+    """Partial rollouts, the controller killed after a checkpoint while groups are in flight:
+    `--resume` generates exactly the groups no step had taken, and over the whole run no group is
+    trained twice or lost (each is trained, dropped for staleness and counted, or still in flight
+    at the end). The synthetic train set holds more tasks than the run draws, so a task id names
+    one group."""
+    out = tmp_path / "run"
+    args = [f"model.path={tiny_model}", f"train.output_dir={out}", *PARTIAL]
+    try:
+        killed_at = kill_controller_after_its_first_checkpoint(args, tmp_path / "terminal.txt", config="configs/default.yaml")
+        checkpoints = out / "checkpoints"
+        state = read_state(checkpoints / killed_at)
+        in_flight = [i for ids in state["in_flight"] for i in ids]
+        assert state["step"] == 2 and len(in_flight) == 4, state["in_flight"]  # a pool of 8, 4 taken by step 2
+        deadline = time.time() + 60
+        while named("coderloo-rollout-") and time.time() < deadline:  # the dead driver's actors go away
+            time.sleep(0.5)
+        train(load_config("configs/default.yaml", args), resume=True)
+    finally:
+        from ray import serve
+
+        serve.shutdown()  # the killed driver's Serve
+    steps = {r["step"]: r for r in read_metrics(out / "samples.jsonl") if r["phase"] == "rl"}
+    assert sorted(steps) == [1, 2, 3, 4]
+    trained = [i for s in sorted(steps) for i in steps[s]["trained"]]
+    assert len(trained) == 16 and len(set(trained)) == 16, trained  # no group trained twice
+    before, after = [i for s in (1, 2) for i in steps[s]["trained"]], [i for s in (3, 4) for i in steps[s]["trained"]]
+    assert not set(in_flight) & set(before)  # what the checkpoint reissues had not trained
+    dropped = [i for s in (3, 4) for i in steps[s]["dropped"]]
+    left = [i for ids in read_state(checkpoints / "final")["in_flight"] for i in ids]
+    assert set(in_flight) <= set(after) | set(dropped) | set(left)  # none lost
+    assert not set(left) & set(trained) and not set(dropped) & set(trained)
+    metrics = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    assert [r["pool_dropped_groups"] for r in metrics if r["step"] > 2] == [len(steps[s]["dropped"]) for s in (3, 4)]

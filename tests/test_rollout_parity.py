@@ -259,3 +259,44 @@ def test_a_push_during_a_long_generation_lands_between_decoding_steps(ray_cluste
     finally:
         for actor in (source, busy, fresh):
             ray.kill(actor)
+
+
+def test_generation_calls_side_by_side_share_one_engine(ray_cluster, tiny_model):
+    """Partial rollouts: a second generation call joins the engine's batch while a long one runs
+    (its short completions are all handed over before the long call's first), and each call gets
+    exactly its own prompts' samples: greedy, the short call's equal what it generates alone."""
+    import threading
+
+    from rollout_workers.worker import InFlightRolloutWorker
+
+    worker = InFlightRolloutWorker.remote(str(tiny_model), "vllm", threads=1)
+    group = RolloutGroup([worker], in_flight=True, side_by_side=True)
+    short = GenerationParams(n=1, max_new_tokens=4, temperature=0.0)
+    # The untrained model rarely ends a sampled completion: each of these runs to about 400 tokens.
+    long = GenerationParams(n=2, max_new_tokens=400, temperature=1.0)
+    try:
+        alone = group.generate(PROMPTS[:3], short)
+        events, got = [], {}
+
+        def call(name, prompts, params):
+            out = [None] * len(prompts)
+
+            def done(i, rollout):
+                out[i] = rollout
+                events.append(name)
+
+            group.generate_each(prompts, params, None, done)
+            got[name] = out
+
+        running = threading.Thread(target=call, args=("long", PROMPTS, long))
+        running.start()
+        time.sleep(1.0)  # the long call is in the engine
+        call("short", PROMPTS[:3], short)
+        running.join()
+        assert events[:3] == ["short"] * 3, events  # in one engine, one call after the other: the long one first
+        assert [[s.token_ids for s in r.samples] for r in got["short"]] == [[s.token_ids for s in r.samples] for r in alone]
+        # the short call samples 1 a prompt, the long 2: none of one call's outputs went to the other
+        assert len(got["long"]) == len(PROMPTS) and all(len(r.samples) == 2 for r in got["long"])
+        assert [r.prompt_ids for r in got["long"]] == [r.prompt_ids for r in group.generate(PROMPTS, short)]
+    finally:
+        ray.kill(worker)
