@@ -30,13 +30,15 @@ STEPS = int(os.environ.get("BENCH_IN_FLIGHT_STEPS", "20"))
 REPEATS = int(os.environ.get("BENCH_IN_FLIGHT_REPEATS", "2"))
 LONG_TAIL = ("rollout.max_new_tokens=256", "sft.steps=25", "rollout.cpus=1", "learner.cpus=0", "reward.cpus=0",
              "reward.pool.cpus=0", "train.driver_cpus=0")
-MODES = {"drain": "false", "in-flight": "true"}
+MODES = {"drain": ("rollout.update_in_flight=false",), "in-flight": ("rollout.update_in_flight=true",),
+         "partial": ("rollout.update_in_flight=true", "train.partial_rollouts=true")}
 
 
 def run(mode: str, out: str) -> dict:
-    config = bench_config(1, out, "pinned", (*LONG_TAIL, f"rollout.update_in_flight={MODES[mode]}"), steps=STEPS)
+    config = bench_config(1, out, "pinned", (*LONG_TAIL, *MODES[mode]), steps=STEPS)
     summary = train(config)
     rl = [r for r in read_metrics(f"{out}/metrics.jsonl") if r["phase"] == "rl"]
+    dropped = sum(r.get("pool_dropped_groups", 0) for r in rl)
     seconds = sum(r["time_step_s"] for r in rl)
     later = rl[1:] or rl  # the first step's rollouts were made before any push
     return {
@@ -49,6 +51,8 @@ def run(mode: str, out: str) -> dict:
         "tokens_mean": statistics.mean(r["completion_tokens_mean"] for r in rl),
         "tokens_max": statistics.mean(r["completion_tokens_max"] for r in rl),
         "learner_idle": 1 - sum(r["time_learn_s"] for r in rl) / seconds,
+        "dropped": dropped / (dropped + sum(r["samples"] for r in rl) / config.rollout.samples_per_prompt),
+        "carried": statistics.mean(r.get("pool_carried_groups", 0) for r in later) / config.train.prompts_per_step,
         "pass@1": summary["final"]["pass@1"],
     }
 

@@ -163,10 +163,10 @@ class TrainConfig(Section):
     partial_rollouts: bool = Field(
         default=False,
         description="A pool of (1 + max_staleness) x prompts_per_step groups generates across steps, and each step "
-        "trains on the first prompts_per_step groups that finished scoring; the others go on generating (later "
-        "tokens with the newer weights a push brings them in flight) and are taken by later steps. A group whose "
-        "oldest token is more than max_staleness versions behind when a step would take it is dropped, counted in "
-        "pool_dropped_groups, never trained. A checkpoint keeps the tasks of the groups not trained yet, and "
+        "trains on prompts_per_step groups that finished scoring, in the order they did; the others go on generating "
+        "(later tokens with the newer weights a push brings them in flight) and are taken by later steps. No step trains "
+        "a group whose oldest token is more than max_staleness versions behind: one at that bound is taken first (a "
+        "step waits for it), one over it is dropped, counted in pool_dropped_groups. A checkpoint keeps the tasks of the groups not trained yet, and "
         "--resume generates exactly those first. Needs rollout.update_in_flight; single-attempt rollouts only. "
         "Not reproducible to the bit (which groups a step takes depends on timing).")
     max_refill_rounds: int = Field(

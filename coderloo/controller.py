@@ -425,7 +425,7 @@ class Trainer:
             return
         params, seed = self.sampling(step), generation_seed(self.config, step, 1_000 + self.launches)
         self.launches += 1
-        self.pool.launch(tasks, step, lambda done: self.actors.strategy.run(tasks, params, seed, done=done))
+        self.pool.launch(tasks, step, self.actors.group.version, lambda done: self.actors.strategy.run(tasks, params, seed, done=done))
 
     def sampling(self, step: int) -> GenerationParams:
         rollout = self.config.rollout

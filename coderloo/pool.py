@@ -1,13 +1,15 @@
 """Partial rollouts (train.partial_rollouts): groups generate across steps, and a step trains on the
 first ones scored.
 
-A pool of groups is in flight (launched, or finished and not yet taken). Each step takes the first
-`n` groups that finished scoring, in the order they finished; the others go on generating, and
-with in-flight updates (rollout.update_in_flight) their later tokens carry the versions pushed
-meanwhile, so a slow group costs a later step nothing to wait for. A group whose oldest token is
-more than `max_staleness` versions behind the weights the step trains is dropped and counted, never
-trained (AReaL's and verl's bound). What a checkpoint keeps is the tasks of the groups not taken yet
-(`unfinished`): `--resume` generates exactly those again first.
+A pool of groups is in flight (launched, or finished and not yet taken). Each step takes `n` groups
+that finished scoring, in the order they finished; the others go on generating, and with in-flight
+updates (rollout.update_in_flight) their later tokens carry the versions pushed meanwhile, so a
+slow group costs a later step nothing to wait for, up to the bound: a step trains no group whose
+oldest token is more than `max_staleness` versions behind its weights. So a group at the bound
+(it would be over it at the next step) is taken first, and a step waits for one still being made;
+a group over the bound (more than `n` reached it at once) is dropped and counted, never trained.
+What a checkpoint keeps is the tasks of the groups not taken yet (`unfinished`): `--resume`
+generates exactly those again first.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class GroupPool:
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._running: dict[int, Task] = {}  # key -> task of a group launched and not scored
+        self._running: dict[int, tuple[Task, int]] = {}  # key -> task and version at launch, of a group not scored
         self._finished: list[tuple[int, Task, Finished]] = []  # scored, in the order they finished
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
@@ -53,15 +55,16 @@ class GroupPool:
         with self._changed:
             return len(self._running) + len(self._finished)
 
-    def launch(self, tasks: list[Task], step: int, run: Callable[[Callable], object]) -> None:
+    def launch(self, tasks: list[Task], step: int, version: int, run: Callable[[Callable], object]) -> None:
+        """`version`: the weights' version now (a group's first tokens are of it or newer)."""
         with self._changed:
             keys = list(range(self._next_key, self._next_key + len(tasks)))
             self._next_key += len(tasks)
-            self._running.update(zip(keys, tasks, strict=True))
+            self._running.update((key, (task, version)) for key, task in zip(keys, tasks, strict=True))
 
         def done(index: int, group: list[Trajectory], scoring_s: float) -> None:
             with self._changed:
-                task = self._running.pop(keys[index])
+                task, _ = self._running.pop(keys[index])
                 self._finished.append((keys[index], task, Finished(group, step, time.time(), scoring_s)))
                 self._changed.notify_all()
 
@@ -78,32 +81,36 @@ class GroupPool:
         thread.start()
 
     def take(self, n: int, version: int, max_staleness: int, refill: Callable[[], None]) -> tuple[list[Finished], list[Finished]]:
-        """The first `n` groups scored (waiting for them) whose oldest token is at most
-        `max_staleness` versions behind `version`, and the groups dropped on the way for being
-        older (`refill()` after each: it may launch one in its place). Raises what a launch raised."""
-        taken, dropped = [], []
+        """`n` groups scored, whose oldest tokens are at most `max_staleness` versions behind
+        `version`: those at the bound first (waiting for any still being made), then the first
+        scored; and the groups dropped on the way for being over it (`refill()` after each: it may
+        launch one in its place). Raises what a launch raised."""
+        bound = version - max_staleness
+        dropped = []
         with self._changed:
-            while len(taken) < n:
+            while True:
                 if self._errors:
                     raise self._errors[0]
-                if not self._finished:
-                    if not self._running:
-                        raise RuntimeError(f"the pool holds no group to take ({len(taken)} of {n} taken)")
-                    self._changed.wait()
-                    continue
-                _, _, group = self._finished.pop(0)
-                if version - group.oldest_version() <= max_staleness:
-                    taken.append(group)
-                else:
-                    dropped.append(group)
+                for entry in [e for e in self._finished if e[2].oldest_version() < bound]:
+                    self._finished.remove(entry)
+                    dropped.append(entry[2])
                     refill()  # the lock is reentrant: a launch from here is one
-            self.dropped += len(dropped)
-        return taken, dropped
+                due = [e for e in self._finished if e[2].oldest_version() == bound]
+                coming = any(v <= bound for _, v in self._running.values())
+                if len(due) >= n or (not coming and len(self._finished) >= n):
+                    chosen = (due + [e for e in self._finished if e[2].oldest_version() > bound])[:n]
+                    for entry in chosen:
+                        self._finished.remove(entry)
+                    self.dropped += len(dropped)
+                    return [f for _, _, f in chosen], dropped
+                if not self._running:
+                    raise RuntimeError(f"the pool holds {len(self._finished)} groups to take, and none coming ({n} wanted)")
+                self._changed.wait()
 
     def unfinished(self) -> list[Task]:
         """The tasks of the groups not taken yet, in the order they were launched."""
         with self._changed:
-            keyed = list(self._running.items()) + [(key, task) for key, task, _ in self._finished]
+            keyed = [(key, task) for key, (task, _) in self._running.items()] + [(key, task) for key, task, _ in self._finished]
         return [task for _, task in sorted(keyed, key=lambda kt: kt[0])]
 
     def drain(self) -> None:
