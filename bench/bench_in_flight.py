@@ -1,5 +1,5 @@
-"""In-flight weight updates against draining the engines first, on completions whose lengths vary
-more than tenfold.
+"""In-flight weight updates against draining the engines first, and partial rollouts on top, on
+completions whose lengths vary more than tenfold.
 
     python -m bench.bench_in_flight    # BENCH_IN_FLIGHT_STEPS=20 RL steps, BENCH_IN_FLIGHT_REPEATS=2 runs each
 
@@ -9,11 +9,15 @@ in for a generation device) and a long tail: rollout.max_new_tokens 256 and a sh
 (25 steps), after which most completions end within a few dozen tokens and some run to the limit.
 With rollout.update_in_flight false, each push waits for the engine to finish the next step's
 generation, its long tail included (drain); with true, it reaches the engine mid-generation and
-the step after next is queued behind at once. Alternating, BENCH_IN_FLIGHT_REPEATS runs each;
+the step after next is queued behind at once; partial: a pool of groups across steps, the next
+launch's generation beside the tail in the engine's batch (train.partial_rollouts), at max_staleness
+1 and 2 (partial-s2: a step may train short groups of a later launch before long ones of an
+earlier one). Alternating, BENCH_IN_FLIGHT_REPEATS runs each;
 reported per mode, as medians over its runs: samples and completion tokens per second of RL, the
 push's median time (the drain's wait is in it), the share of samples a push reached mid-way, the
 staleness of each policy token and of each sample's oldest token, the completion lengths, and
-held-out pass@1 at the end.
+held-out pass@1 at the end; for partial rollouts, the share of groups dropped over the staleness
+bound and of a step's groups that an earlier step launched.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ REPEATS = int(os.environ.get("BENCH_IN_FLIGHT_REPEATS", "2"))
 LONG_TAIL = ("rollout.max_new_tokens=256", "sft.steps=25", "rollout.cpus=1", "learner.cpus=0", "reward.cpus=0",
              "reward.pool.cpus=0", "train.driver_cpus=0")
 MODES = {"drain": ("rollout.update_in_flight=false",), "in-flight": ("rollout.update_in_flight=true",),
-         "partial": ("rollout.update_in_flight=true", "train.partial_rollouts=true")}
+         "partial": ("rollout.update_in_flight=true", "train.partial_rollouts=true"),
+         "partial-s2": ("rollout.update_in_flight=true", "train.partial_rollouts=true", "train.max_staleness=2")}
 
 
 def run(mode: str, out: str) -> dict:
@@ -68,12 +73,17 @@ def main() -> list[dict]:
         print(f"  {mode:9s} {r['samples_per_s']:6.1f} samples/s (runs: {each})  {r['tokens_per_s']:6.0f} completion tokens/s  "
               f"push {r['push_s']:.3f} s  pushed mid-sample {r['updated_in_flight']:5.1%}  staleness per token "
               f"{r['staleness_token']:.2f} (oldest token {r['staleness_oldest']:.2f})  completion tokens mean {r['tokens_mean']:.0f}, "
-              f"max {r['tokens_max']:.0f}  learner idle {r['learner_idle']:5.1%}  final pass@1 {r['pass@1']:.3f}")
-    ratios = [f"{a['samples_per_s'] / d['samples_per_s']:.2f}x" for d, a in zip(runs["drain"], runs["in-flight"])]
-    token_ratios = [f"{a['tokens_per_s'] / d['tokens_per_s']:.2f}x" for d, a in zip(runs["drain"], runs["in-flight"])]
-    print(f"  in-flight / drain: samples/s per pair of runs {', '.join(ratios)}; completion tokens/s {', '.join(token_ratios)}")
+              f"max {r['tokens_max']:.0f}  learner idle {r['learner_idle']:5.1%}  final pass@1 {r['pass@1']:.3f}"
+              + (f"  groups dropped {r['dropped']:5.1%}, carried over {r['carried']:5.1%}" if mode.startswith("partial") else ""))
+    for mode, base in (("in-flight", "drain"), ("partial", "in-flight"), ("partial-s2", "in-flight")):
+        ratios = [f"{a['samples_per_s'] / d['samples_per_s']:.2f}x" for d, a in zip(runs[base], runs[mode])]
+        token_ratios = [f"{a['tokens_per_s'] / d['tokens_per_s']:.2f}x" for d, a in zip(runs[base], runs[mode])]
+        print(f"  {mode} / {base}: samples/s per pair of runs {', '.join(ratios)}; completion tokens/s {', '.join(token_ratios)}")
+    tokens = {mode: r["tokens_per_s"] for mode, r in median.items()}
     return [comparison(f"in-flight updates against draining, long tail, {STEPS} RL steps, median of {REPEATS}", "completion tokens/s",
-                       "in-flight", {mode: r["tokens_per_s"] for mode, r in median.items()}, key="in-flight against drain")]
+                       "in-flight", {m: tokens[m] for m in ("drain", "in-flight")}, key="in-flight against drain"),
+            comparison(f"partial rollouts against in-flight updates alone, long tail, {STEPS} RL steps, median of {REPEATS}",
+                       "completion tokens/s", "partial", {m: tokens[m] for m in ("in-flight", "partial")}, key="partial against in-flight")]
 
 
 if __name__ == "__main__":
