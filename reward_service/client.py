@@ -126,6 +126,7 @@ class RewardClient:
         """(Holding `_filling`.) Send the request being filled; the next submit starts another."""
         request, self._open = self._open, None
         self._send(request)
+        self._filling.notify_all()  # collects waiting for it to be sent
 
     def _send(self, request: _Request) -> None:
         """To the service's entry point for the request's kind."""
@@ -134,13 +135,16 @@ class RewardClient:
         entry = self.handle.run if request.kind is RunRequest else self.handle.score
         request.response = entry.remote(request.body)
 
-    def collect(self, pending: Pending) -> list[ItemReward] | list[RunResult]:
-        """The answers of submitted items, in order (a request still being filled is sent now)."""
+    def collect(self, pending: Pending, send: bool = True) -> list[ItemReward] | list[RunResult]:
+        """The answers of submitted items, in order: a request still being filled is sent now, or
+        with `send` False when its linger ends (a collect while others still submit)."""
         out = []
         for request, start, end in pending:
             with self._filling:
-                if request is self._open:
+                if request is self._open and send:
                     self._send_open()
+                while request.response is None:
+                    self._filling.wait()
             with request.lock:
                 if request.answer is None:
                     request.answer = self._answer(request)

@@ -63,13 +63,13 @@ class SingleAttempt:
         pending: list = [None] * len(tasks)
         collectors: list[threading.Thread] = []
 
-        def group(index: int) -> list[Trajectory]:
-            rewards = self.rewards.collect(pending[index])  # collected once: a second call reads the answer
+        def group(index: int, send: bool = True) -> list[Trajectory]:
+            rewards = self.rewards.collect(pending[index], send)  # collected once: a second call reads the answer
             return [Trajectory(tasks[index], [Turn.of(rollouts[index].prompt_ids, sample, reward)], reward)
                     for sample, reward in zip(rollouts[index].samples, rewards, strict=True)]
 
         def collect(index: int, generated: float) -> None:
-            done(index, group(index), time.time() - generated)
+            done(index, group(index, send=False), time.time() - generated)  # its request goes with its linger's others
 
         def score(index: int, rollout: PromptRollout) -> None:
             token_ids = [s.token_ids for s in rollout.samples] if self.rewards.per_token else None

@@ -4,6 +4,8 @@ does not wait out the linger, and submits from several threads are safe. One rea
 sandbox pool) for the module."""
 import threading
 
+import time
+
 import pytest
 
 from coderloo.tasksets.synthetic import synthetic_suite
@@ -50,6 +52,25 @@ def test_a_collect_sends_the_request_still_being_filled(client):
         assert [r.passed for r in client.collect(pending)] == passes
     finally:
         client.linger_s = linger
+
+
+def test_a_collect_that_does_not_send_waits_for_the_linger_and_later_submits_join_the_request(client):
+    """Partial rollouts collect each group as soon as it is submitted: the request still goes out
+    with the items submitted within its linger, in one request."""
+    linger, client.linger_s = client.linger_s, 0.5
+    try:
+        first = client.submit(*prompt(4)[:2])
+        got = []
+        collecting = threading.Thread(target=lambda: got.append(client.collect(first, send=False)))
+        collecting.start()
+        time.sleep(0.1)
+        assert first[0][0].response is None  # not sent by the collect
+        second = client.submit(*prompt(5)[:2])
+        collecting.join(timeout=30)
+    finally:
+        client.linger_s = linger
+    assert first[0][0] is second[0][0]  # one request for both
+    assert [r.passed for r in got[0]] == prompt(4)[2] and [r.passed for r in client.collect(second)] == prompt(5)[2]
 
 
 def test_without_a_linger_each_submit_is_sent_at_once_in_requests_of_its_own(client):
