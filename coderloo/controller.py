@@ -28,9 +28,9 @@ from coderloo.evaluation import evaluate
 from coderloo.loggers import RunLog, check_installed
 from coderloo.metrics import MetricsLog, RunMetrics, plot_training
 from coderloo.models import build_tiny_model
-from coderloo.pool import GroupPool
 from coderloo.ops.cluster_files import check_local_resources
 from coderloo.ops.resources import ResourceSampler
+from coderloo.pool import GroupPool
 from coderloo.report import write_report
 from coderloo.rundir import claim
 from coderloo.runtime import REPO_ROOT
@@ -399,8 +399,8 @@ class Trainer:
         return rollouts, {**refill_metrics, **waits(t0, t_job, time.time(), tail)}
 
     def pooled(self, step: int, t0: float) -> tuple[Rollouts, dict[str, float]]:
-        """Partial rollouts (coderloo/pool.py): the pool filled, then the first prompts_per_step groups
-        scored that are within max_staleness of the weights this step trains."""
+        """Partial rollouts (coderloo/pool.py): the pool filled, then prompts_per_step groups scored
+        within max_staleness of the weights this step trains (those at the bound first)."""
         train = self.config.train
         self.fill(step)
         taken, dropped = self.pool.take(train.prompts_per_step, self.actors.group.version, train.max_staleness, lambda: self.fill(step))

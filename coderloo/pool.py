@@ -37,8 +37,8 @@ class Finished:
 
 
 class GroupPool:
-    """`launch(tasks, step, run)` starts `run(done)` in a thread of its own, where `run` is a
-    strategy's run for `tasks` calling `done(index, group, scoring_s)` as each group is scored
+    """`launch(tasks, step, version, run)` starts `run(done)` in a thread of its own, where `run`
+    is a strategy's run for `tasks` calling `done(index, group, scoring_s)` as each group is scored
     (rollout_workers.strategies.SingleAttempt)."""
 
     def __init__(self) -> None:
