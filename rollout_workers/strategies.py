@@ -64,7 +64,8 @@ class SingleAttempt:
         collectors: list[threading.Thread] = []
 
         def group(index: int, send: bool = True) -> list[Trajectory]:
-            rewards = self.rewards.collect(pending[index], send)  # collected once: a second call reads the answer
+            # collected once: a second call reads the answer
+            rewards = self.rewards.collect(pending[index]) if send else self.rewards.collect(pending[index], send=False)
             return [Trajectory(tasks[index], [Turn.of(rollouts[index].prompt_ids, sample, reward)], reward)
                     for sample, reward in zip(rollouts[index].samples, rewards, strict=True)]
 
