@@ -167,7 +167,7 @@ class TrainConfig(Section):
         "(later tokens with the newer weights a push brings them in flight) and are taken by later steps. No step trains "
         "a group whose oldest token is more than max_staleness versions behind: one at that bound is taken first (a "
         "step waits for it), one over it is dropped, counted in pool_dropped_groups. A checkpoint keeps the tasks of the groups not trained yet, and "
-        "--resume generates exactly those first. Needs rollout.update_in_flight; single-attempt rollouts only. "
+        "--resume generates exactly those first. Needs rollout.update_in_flight. "
         "Not reproducible to the bit (which groups a step takes depends on timing).")
     max_refill_rounds: int = Field(
         default=0, ge=0,
@@ -304,9 +304,6 @@ class Config(Section):
         if not self.rollout.update_in_flight:
             raise ValueError("train.partial_rollouts needs rollout.update_in_flight: the groups that go on generating "
                              "across a push take it in flight (a push that waited for them would wait for the whole pool)")
-        if self.env.multi_turn:
-            raise ValueError(f"train.partial_rollouts with env.name {self.env.name}: partial rollouts take single-attempt "
-                             "groups only; set env.name: none, or partial_rollouts: false")
         return self
 
     @model_validator(mode="after")

@@ -49,6 +49,7 @@ from rollout_workers.config import PromptConfig
 from rollout_workers.demonstrations import demonstrations
 from rollout_workers.environments import make_environment
 from rollout_workers.prompts import chat_answer, render, uses_chat_template
+from rollout_workers.strategies import turn_metrics
 
 
 def resolve(path: str) -> Path:
@@ -409,6 +410,8 @@ class Trainer:
         tail = taken[-1].scoring_s if taken[-1].at > t0 else 0.0  # scored before the step began: not waited for
         metrics = {"pool_dropped_groups": len(dropped), "pool_carried_groups": sum(f.launched < step for f in taken),
                    "pool_groups_in_flight": self.pool.holds(), "time_score_tail_s": tail}
+        if self.config.env.multi_turn:  # of the groups taken (a launch's other measures span several steps)
+            metrics.update(turn_metrics([t for f in taken for t in f.group], self.config.env))
         return Rollouts([f.group for f in taken], metrics), waits(t0, t_job, t_job, tail)
 
     def fill(self, step: int) -> None:

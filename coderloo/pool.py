@@ -39,7 +39,7 @@ class Finished:
 class GroupPool:
     """`launch(tasks, step, version, run)` starts `run(done)` in a thread of its own, where `run`
     is a strategy's run for `tasks` calling `done(index, group, scoring_s)` as each group is scored
-    (rollout_workers.strategies.SingleAttempt)."""
+    (the rollout strategies of rollout_workers/strategies.py)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()

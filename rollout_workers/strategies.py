@@ -130,7 +130,9 @@ class MultiTurn:
         self.limit = min(config.max_total_tokens, context_length or group.context_length())
 
     def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
-            progress: Callable[[int], None] | None = None) -> Rollouts:
+            progress: Callable[[int], None] | None = None, done: GroupDone | None = None) -> Rollouts:
+        """Also `done(index, group, reply_s)` after each round, for each task whose k trajectories
+        have all ended then (`reply_s`: the environment's time for that round)."""
         started = time.time()
         tasks = [answered_task(t, self.tokenizer, self.prompt) for t in tasks]
         params = generation_params(params, self.tokenizer, self.prompt)
@@ -149,11 +151,16 @@ class MultiTurn:
         live = [t for group in made for t in group]
         one = replace(params, n=1)
         round_index = 0
+        handed: set[int] = set()
         while live:
             t0 = time.time()
             live = self._react(live, params.max_new_tokens)
             tail = time.time() - t0  # the last one: scoring after the last sample was generated
             reacting += tail
+            for i, group in enumerate(made):
+                if done is not None and i not in handed and all(t.outcome is not None for t in group):
+                    handed.add(i)
+                    done(i, [Trajectory(tasks[i], t.turns, t.outcome) for t in group], tail)
             if not live:
                 break
             round_index += 1
@@ -199,17 +206,24 @@ class MultiTurn:
         every = [t for group in made for t in group]
         n = len(every)
         metrics = {
-            "turns_mean": sum(len(t.turns) for t in every) / n,
+            **turn_metrics([Trajectory(t.live.task, t.turns, t.outcome) for t in every], self.config),
             "tool_calls_mean": sum(t.live.tool_calls for t in every) / n,
             "observation_tokens_mean": sum(t.observation_tokens for t in every) / n,
             "observations_cut_mean": sum(t.cut_observations for t in every) / n,  # cut observations per trajectory
             "at_token_limit_fraction": sum(t.at_limit for t in every) / n,
             "time_generate_s": generating, "time_env_s": reacting, "rollout_retries": redos,
         }
-        if self.config.name != "interpreter":  # rounds are attempts
-            rates = pass_rates_by_turn([Trajectory(t.live.task, t.turns, t.outcome) for t in every], self.config.max_turns)
-            metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
         return metrics
+
+
+def turn_metrics(trajectories: list[Trajectory], config: EnvConfig) -> dict[str, float]:
+    """Turns per trajectory, and where rounds are attempts (not the interpreter's), the pass rate
+    by round."""
+    metrics = {"turns_mean": sum(len(t.turns) for t in trajectories) / len(trajectories)}
+    if config.name != "interpreter":
+        rates = pass_rates_by_turn(trajectories, config.max_turns)
+        metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
+    return metrics
 
 
 def observation_ids(tokenizer, prompt: PromptConfig, config: EnvConfig, task: Task, reply: Reply, turn_ids: list[int]) -> tuple[list[int], int]:

@@ -205,13 +205,12 @@ def test_in_flight_updates_need_overlap_the_vllm_engine_and_whole_weight_pushes(
     assert load_config("configs/lora.yaml", ["rollout.update_in_flight=true", "train.max_staleness=1", "learner.lora.sync=merged"])
 
 
-def test_partial_rollouts_need_in_flight_updates_and_single_attempts():
+def test_partial_rollouts_need_in_flight_updates():
     on = ["rollout.update_in_flight=true", "train.partial_rollouts=true"]
     assert load_config("configs/async-pinned.yaml", on).train.partial_rollouts
     with pytest.raises(ConfigError, match="train.partial_rollouts needs rollout.update_in_flight"):
         load_config("configs/async-pinned.yaml", ["train.partial_rollouts=true"])
-    with pytest.raises(ConfigError, match="train.partial_rollouts with env.name refine"):
-        load_config("configs/refine.yaml", [*on, "train.max_staleness=1"])
+    assert load_config("configs/refine.yaml", [*on, "train.max_staleness=1"]).env.multi_turn
 
 
 def test_placement_options_leave_ray_defaults_alone():

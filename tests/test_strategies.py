@@ -133,6 +133,19 @@ def test_refinement_goes_on_only_after_a_failed_attempt_and_each_context_extends
     assert service.calls[1][1] == ["    return 2\n"] * 2  # each attempt is scored as a completion of the task
 
 
+def test_a_group_is_handed_on_after_the_round_its_last_trajectory_ended_in():
+    """Partial rollouts take a multi-turn group as soon as its k trajectories have all ended."""
+    group, service = ScriptedGroup(), ScriptedRewards([[True, True, False, True], [True]])
+    other = TASK.model_copy(update={"id": "other"})
+    handed = []
+    rollouts = multi_turn(Refine, group, service, max_turns=3).run(
+        [TASK, other], GenerationParams(n=2), 1, done=lambda i, g, _: handed.append((i, len(group.calls), g)))
+    assert [(i, calls) for i, calls, _ in handed] == [(0, 1), (1, 2)]  # the first before round 2 was generated
+    for i, _, g in handed:
+        assert [(t.task.id, len(t.turns), t.outcome.passed) for t in g] == \
+               [(t.task.id, len(t.turns), t.outcome.passed) for t in rollouts.groups[i]]
+
+
 def test_an_observation_is_cut_with_a_marker_and_a_trajectory_ends_where_its_next_turn_would_not_fit():
     service = ScriptedRewards([[False], [False]])
     long_feedback = ScriptedRewards([[False]])
