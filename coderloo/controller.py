@@ -386,12 +386,13 @@ class Trainer:
         start (`waits`)."""
         config, train = self.config, self.config.train
         if self.pool is not None:
-            return self.pooled(step, t0)
-        while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
-            tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
-            self.jobs.append(Job(self.next_launch, tasks, in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed)))
-            self.next_launch += 1
-        rollouts = self.jobs.popleft().rollouts.result()
+            rollouts = self.pooled(step, t0)
+        else:
+            while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
+                tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
+                self.jobs.append(Job(self.next_launch, tasks, in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed)))
+                self.next_launch += 1
+            rollouts = self.jobs.popleft().rollouts.result()
         t_job, tail = time.time(), rollouts.metrics.get("time_score_tail_s", 0.0)
         if not train.max_refill_rounds:
             return rollouts, waits(t0, t_job, t_job, tail)
@@ -399,20 +400,19 @@ class Trainer:
                                           lambda n, round_index: self.more_rollouts(step, n, round_index))
         return rollouts, {**refill_metrics, **waits(t0, t_job, time.time(), tail)}
 
-    def pooled(self, step: int, t0: float) -> tuple[Rollouts, dict[str, float]]:
+    def pooled(self, step: int, t0: float) -> Rollouts:
         """Partial rollouts (coderloo/pool.py): the pool filled, then prompts_per_step groups scored
         within max_staleness of the weights this step trains (those at the bound first)."""
         train = self.config.train
         self.fill(step)
         taken, dropped = self.pool.take(train.prompts_per_step, self.actors.group.version, train.max_staleness, lambda: self.fill(step))
-        t_job = time.time()
         self.dropped = [f.group[0].task.id for f in dropped]
         tail = taken[-1].scoring_s if taken[-1].at > t0 else 0.0  # scored before the step began: not waited for
         metrics = {"pool_dropped_groups": len(dropped), "pool_carried_groups": sum(f.launched < step for f in taken),
                    "pool_groups_in_flight": self.pool.holds(), "time_score_tail_s": tail}
         if self.config.env.multi_turn:  # of the groups taken (a launch's other measures span several steps)
             metrics.update(turn_metrics([t for f in taken for t in f.group], self.config.env))
-        return Rollouts([f.group for f in taken], metrics), waits(t0, t_job, t_job, tail)
+        return Rollouts([f.group for f in taken], metrics)
 
     def fill(self, step: int) -> None:
         """Launch groups until the pool holds (1 + max_staleness) x prompts_per_step, or what this

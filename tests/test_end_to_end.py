@@ -164,12 +164,15 @@ def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
     assert report["pass@1"] == 0.0  # an untrained model passes nothing
 
 
-def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_cluster, tiny_model, tmp_path):
+@pytest.mark.parametrize("partial", [False, True], ids=["pipeline", "partial-rollouts"])
+def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_cluster, tiny_model, tmp_path, partial):
     """configs/dapo.yaml on a short run with one step's rollouts in flight: steps whose groups are
     mostly uniform draw more prompts, up to max_refill_rounds rounds, while the next step's rollouts
-    are being generated, and train on the informative groups they found."""
+    are being generated, and train on the informative groups they found. The same with partial
+    rollouts (its pool of groups in flight instead of a step's job)."""
     out = tmp_path / "dapo"
-    config = load_config("configs/dapo.yaml", [
+    pool = ["rollout.update_in_flight=true", "train.partial_rollouts=true"] if partial else []
+    config = load_config("configs/dapo.yaml", [*pool,
         f"model.path={tiny_model}", f"train.output_dir={out}",
         "sft.steps=20", "sft.batch_size=16",  # enough for some syntax-valid programs: outcomes that differ
         "train.steps=3", "train.prompts_per_step=4", "train.eval_every=0", "train.checkpoint_every=0",
@@ -194,5 +197,6 @@ def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_c
             assert r["refill_rounds"] == 2  # it kept drawing until its limit
         assert "overlong_penalty_mean" in r and "truncated_fraction" in r
     assert any(r["refill_prompts"] > 0 for r in rl)
+    assert all(r["pool_dropped_groups"] == 0 for r in rl) if partial else not any("pool_dropped_groups" in r for r in rl)
     trained = [r for r in rl if r.get("grad_norm") is not None]
     assert trained and all(r["entropy"] > 0 and "clip_fraction_high" in r for r in trained)
