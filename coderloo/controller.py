@@ -381,8 +381,9 @@ class Trainer:
     def rollouts(self, step: int, t0: float) -> tuple[Rollouts, dict[str, float]]:
         """Step `step`'s k trajectories per task (each turn tagged with the policy version that
         made it), scored by the reward service as they are made, in the background; the steps
-        up to max_staleness ahead are launched first. With dynamic sampling, more prompts while
-        too few groups are informative. Also what the learner waited for since `t0`, the step's
+        up to max_staleness ahead are launched first (with partial rollouts, the pool's groups
+        instead: `pooled`). With dynamic sampling, more prompts while too few groups are
+        informative. Also what the learner waited for since `t0`, the step's
         start (`waits`)."""
         config, train = self.config, self.config.train
         if self.pool is not None:

@@ -32,16 +32,17 @@ from rollout_workers.prompts import answered_task, follow_up, generation_params,
 from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn
 
 
-class RolloutStrategy(Protocol):
-    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
-            progress: Callable[[int], None] | None = None) -> Rollouts:
-        """`params.n` trajectories for each of `tasks`; with `seed`, reproducibly. `progress(1)` is
-        called (from a thread of the rollout group) as each task's first samples are generated."""
-
-
 # A group handed on as soon as it is scored (partial rollouts): (the task's index, its k
 # trajectories, how long its scoring took after its samples were generated).
 GroupDone = Callable[[int, list[Trajectory], float], None]
+
+
+class RolloutStrategy(Protocol):
+    def run(self, tasks: list[Task], params: GenerationParams, seed: int | None,
+            progress: Callable[[int], None] | None = None, done: GroupDone | None = None) -> Rollouts:
+        """`params.n` trajectories for each of `tasks`; with `seed`, reproducibly. `progress(1)` is
+        called (from a thread of the rollout group) as each task's first samples are generated, and
+        `done` with each task's group as soon as it is scored."""
 
 
 class SingleAttempt:
