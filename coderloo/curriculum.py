@@ -89,7 +89,13 @@ class TaskDraw:
     def draw(self, n: int | None = None) -> list[Task]:
         """A step's tasks, or `n` more (a refill round)."""
         if self.pending and n is None:
-            return [self.by_id[i] for i in self.pending.pop(0)]
+            # a step's tasks from a pipelined run's checkpoint; a partial-rollout pool's unfinished
+            # groups (one list of any length) are dealt into steps, the last one topped up
+            tasks = [self.by_id[i] for i in self.pending[0][: self.n]]
+            self.pending[0] = self.pending[0][self.n :]
+            if not self.pending[0]:
+                self.pending.pop(0)
+            return tasks + (self.draw(self.n - len(tasks)) if len(tasks) < self.n else [])
         n = self.n if n is None else n
         if self.enabled:
             return self.curriculum.draw(n)

@@ -112,3 +112,14 @@ def test_reissue_gives_every_unfinished_task_of_the_checkpoint_once():
     resumed.load_state(state)
     assert [t.id for t in resumed.reissue()] == ["t4", "t1", "t5"]
     assert resumed.reissue() == []
+
+
+def test_a_pools_unfinished_groups_resumed_without_the_pool_are_dealt_into_whole_steps():
+    tasks = [task(i) for i in range(12)]
+    draw = TaskDraw(tasks, 4, CurriculumConfig(), random.Random(0))
+    state = draw.state([tasks[:6]])  # a pool's 6 unfinished groups, steps of 4
+    resumed = TaskDraw(tasks, 4, CurriculumConfig(), random.Random(0))
+    resumed.load_state(state)
+    first, second = resumed.draw(), resumed.draw()
+    assert [t.id for t in first] == ["t0", "t1", "t2", "t3"]
+    assert [t.id for t in second[:2]] == ["t4", "t5"] and len(second) == 4  # topped up by the draw
