@@ -63,15 +63,16 @@ class SingleAttempt:
         rollouts: list[PromptRollout | None] = [None] * len(tasks)
         pending: list = [None] * len(tasks)
         collectors: list[threading.Thread] = []
+        made: list[list[Trajectory] | None] = [None] * len(tasks)  # the groups handed on to `done`
 
-        def group(index: int, send: bool = True) -> list[Trajectory]:
-            # collected once: a second call reads the answer
-            rewards = self.rewards.collect(pending[index]) if send else self.rewards.collect(pending[index], send=False)
+        def trajectories(index: int, rewards: list[ItemReward]) -> list[Trajectory]:
             return [Trajectory(tasks[index], [Turn.of(rollouts[index].prompt_ids, sample, reward)], reward)
                     for sample, reward in zip(rollouts[index].samples, rewards, strict=True)]
 
         def collect(index: int, generated: float) -> None:
-            done(index, group(index, send=False), time.time() - generated)  # its request goes with its linger's others
+            # its request goes out with its linger's others, not at once
+            made[index] = trajectories(index, self.rewards.collect(pending[index], send=False))
+            done(index, made[index], time.time() - generated)
 
         def score(index: int, rollout: PromptRollout) -> None:
             token_ids = [s.token_ids for s in rollout.samples] if self.rewards.per_token else None
@@ -85,9 +86,9 @@ class SingleAttempt:
 
         redos = self.group.generate_each([render(t, self.tokenizer, self.prompt) for t in tasks], params, seed, score)
         generated = time.time()
-        groups = [group(i) for i in range(len(tasks))]
         for c in collectors:
             c.join()
+        groups = [made[i] or trajectories(i, self.rewards.collect(pending[i])) for i in range(len(tasks))]
         metrics = {"time_generate_s": generated - started, "time_score_tail_s": time.time() - generated, "rollout_retries": redos}
         return Rollouts(groups, metrics)
 
