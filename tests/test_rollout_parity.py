@@ -263,7 +263,7 @@ def test_a_push_during_a_long_generation_lands_between_decoding_steps(ray_cluste
 
 def test_generation_calls_side_by_side_share_one_engine(ray_cluster, tiny_model):
     """Partial rollouts: a second generation call joins the engine's batch while a long one runs
-    (its short completions are all handed over before the long call's first), and each call gets
+    (its short completions are all handed over before the long call's last), and each call gets
     exactly its own prompts' samples: greedy, the short call's equal what it generates alone."""
     import threading
 
@@ -293,7 +293,10 @@ def test_generation_calls_side_by_side_share_one_engine(ray_cluster, tiny_model)
         time.sleep(1.0)  # the long call is in the engine
         call("short", PROMPTS[:3], short)
         running.join()
-        assert events[:3] == ["short"] * 3, events  # in one engine, one call after the other: the long one first
+        # one call after the other, the long one would hand all its outputs over first (a sampled
+        # long prompt can end early: only the long call's last output is surely after the short ones)
+        last_long = max(i for i, e in enumerate(events) if e == "long")
+        assert all(i < last_long for i, e in enumerate(events) if e == "short"), events
         assert [[s.token_ids for s in r.samples] for r in got["short"]] == [[s.token_ids for s in r.samples] for r in alone]
         # the short call samples 1 a prompt, the long 2: none of one call's outputs went to the other
         assert len(got["long"]) == len(PROMPTS) and all(len(r.samples) == 2 for r in got["long"])
