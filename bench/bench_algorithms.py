@@ -4,7 +4,7 @@ suite with the same budget.
     python -m bench.bench_algorithms          # BENCH_ALGORITHMS_STEPS=60 RL steps per run
     BENCH_ALGORITHMS_VARIANTS=ppo+dense,rloo+dense python -m bench.bench_algorithms   # some of them
 
-Nine training runs of the default config (its SFT warm-up, then the same number of RL steps of the
+Eleven training runs of the default config (its SFT warm-up, then the same number of RL steps of the
 same seed and sampling), each evaluated at its end on the held-out tasks:
 
 - rloo: the default, RLOO's leave-one-out baseline. A critic (critic.enabled) trains alongside on
@@ -13,6 +13,9 @@ same seed and sampling), each evaluated at its end on the held-out tasks:
   samples (pass@1_random), a majority vote and a critic-weighted vote among them, and its
   held-out accuracy and AUC at the last step.
 - rloo+dense: learner.advantage.dense, the reward service's per-token rewards on top of RLOO.
+- rloo+kl, rloo+kl+soft: a KL penalty in the reward (coef 0.05, k3, as RLOO in TRL) to the policy RL
+  starts from, frozen; and following the policy, 1% of the way after every step (the RLOO design's
+  soft-updated target, learner.kl.reference_mix 0.01). Their rows give the KL per sample over the run.
 - rloo+refine: configs/refine.yaml, up to 3 attempts per sample from execution feedback, RLOO over
   each trajectory's outcome, its SFT with refinement demonstrations; evaluation reports pass@1
   after rounds 1, 2 and 3 (bench/bench_multi_turn.py sets it against single turns and the code
@@ -41,9 +44,12 @@ from coderloo.controller import train
 from coderloo.metrics import read_metrics
 
 STEPS = int(os.environ.get("BENCH_ALGORITHMS_STEPS", "60"))
+KL = "coef: 0.05, into: reward, estimator: k3"
 VARIANTS = {  # name: (config file, overrides)
     "rloo": ("configs/default.yaml", ["critic.enabled=true"]),
     "rloo+dense": ("configs/default.yaml", ["learner.advantage.dense={}"]),
+    "rloo+kl": ("configs/default.yaml", [f"learner.kl={{{KL}}}"]),
+    "rloo+kl+soft": ("configs/default.yaml", [f"learner.kl={{{KL}, reference_mix: 0.01}}"]),
     "rloo+refine": ("configs/refine.yaml", []),
     "reinforce": ("configs/default.yaml", ["learner.advantage.type=reinforce", "learner.advantage.normalize=false"]),
     "ppo+dense": ("configs/ppo.yaml", ["learner.kl=null"]),
@@ -90,6 +96,11 @@ def main() -> list[dict]:
             more.append(f"of 8 samples, the critic's pick: {final['pass@1_critic']:.3f}, a random pick: {final['pass@1_random']:.3f}, "
                         f"majority vote: {final['pass@1_vote']:.3f}, critic-weighted vote: {final['pass@1_critic_vote']:.3f}; "
                         f"critic accuracy {last.get('critic_accuracy')}, AUC {last.get('critic_auc')} (last step, held-out tasks)")
+        if "kl_sequence_mean" in last:
+            kl = [x["kl_sequence_mean"] for x in r["rl"]]
+            tenth = max(1, len(kl) // 10)
+            more.append(f"KL to the reference per sample: steps 1-{tenth} {sum(kl[:tenth]) / tenth:.3f}, "
+                        f"mid-run {kl[len(kl) // 2]:.3f}, last {tenth} {sum(kl[-tenth:]) / tenth:.3f}, max {max(kl):.3f}")
         if "refill_rounds" in last:
             rl = r["rl"]
             more.append(f"refill rounds per step {sum(x['refill_rounds'] for x in rl) / len(rl):.2f}, "
@@ -108,7 +119,7 @@ def main() -> list[dict]:
         print(f"| {name} | {r['after_sft']['pass@1']:.3f} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
               f"{'-' if entropy is None else f'{entropy:.3f}'} | {r['rl_seconds']:.0f} s | {r['learn_s_per_step']:.2f} s | "
               f"{r['learner_rss_mb']:.0f} MB | {r['samples']} | {'; '.join(more)} |")
-    ratios = [("rloo", "reinforce"), ("dapo", "rloo"), ("dr-grpo", "rloo"), ("gspo", "rloo"), ("ppo+dense", "rloo+dense"), ("ppo+dense", "rloo"),
+    ratios = [("rloo", "reinforce"), ("rloo+kl", "rloo"), ("rloo+kl+soft", "rloo"), ("rloo+kl+soft", "rloo+kl"), ("dapo", "rloo"), ("dr-grpo", "rloo"), ("gspo", "rloo"), ("ppo+dense", "rloo+dense"), ("ppo+dense", "rloo"),
               ("ppo+dense+shared", "rloo+dense"), ("ppo+dense+shared", "ppo+dense")]
     for name, base in ratios:
         if name in results and base in results:

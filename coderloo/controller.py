@@ -324,6 +324,8 @@ class Trainer:
             self.skips.check("sft")
         if config.sft.steps:
             group.push()
+            if config.learner.own_reference:
+                learner.mix_reference(1.0)  # the KL reference is the policy RL starts from, as in TRL, OpenRLHF and verl
         if config.learner.lora is not None and config.learner.lora.start == "rl":
             learner.start_lora()  # the adapter starts on the SFT'd policy, which the engines now hold
             group.replan()
@@ -470,6 +472,8 @@ class Trainer:
         t_learn = time.time()
         if stats and self.skips.applied("rl", step, stats, learn.optimizer_steps):
             sync = push_weights(self.actors.group, self.actors.learner)
+        if learn.own_reference and learn.kl.reference_mix and step % learn.kl.reference_every == 0:
+            self.actors.learner.mix_reference(learn.kl.reference_mix)
         return stats, t_learn, sync
 
     def log_step(self, step: int, record: dict, rollouts: Rollouts, batch) -> None:

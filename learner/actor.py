@@ -29,6 +29,8 @@ from learner.logits import chunked_logprobs, final_hidden_states
 from learner.losses import LossInputs, kl_penalty, policy_loss, sft_loss, value_loss
 from learner.value import ValueModel, add_value_head, hidden_and_values, policy_state
 
+REFERENCE_DIR = "reference"  # a checkpoint's KL reference (Hugging Face format)
+
 # One rank's share of a step: for each mini-batch (optimizer step), its micro-batches, the
 # normalizer of the whole mini-batch's policy loss and its trained tokens (over all ranks; the
 # value loss is their mean).
@@ -142,9 +144,8 @@ class Learner(WeightSource):
             model = lora.wrap(model, config.lora)
         self.value_engine = None  # value_model separate: built from the policy when RL starts (_value_model)
         self.reference = None  # with LoRA, the policy with its adapter disabled (_reference_logprobs)
-        if config.lora is None and config.needs_reference:
-            # Frozen: in the training dtype (a float32 copy of a 7B model would take 30 GB per rank).
-            self.reference = load_causal_lm(self.model_path, config.dtype).eval().requires_grad_(False)
+        if config.own_reference:
+            self.reference = self._load_reference(self.model_path)
         self.engine, self.optimizer = self._engine(model, config.lr)
         if self.reference is not None:
             self.reference.to(self.engine.device)
@@ -214,6 +215,23 @@ class Learner(WeightSource):
         if self.shared_value:
             return hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))[1].float().cpu()
         return self._value_model()(**batch.model_inputs(device)).float().cpu()
+
+    def _load_reference(self, path: str | Path):
+        """The KL reference from `path`: frozen, in the training dtype (a float32 copy of a 7B model
+        would take 30 GB per rank); one that moves (kl.reference_mix) in float32, as bf16's 8-bit
+        mantissa would round a 0.001 mix away."""
+        from common.hf import load_causal_lm
+
+        dtype = "float32" if self.config.kl.reference_mix else self.config.dtype
+        return load_causal_lm(path, dtype).eval().requires_grad_(False)
+
+    def mix_reference(self, mix: float) -> None:
+        """reference <- (1 - mix) x reference + mix x policy, in place (mix 1: the policy as it is
+        now, where RL starts after the SFT warm-up). A collective under ZeRO-3."""
+        with self._whole_parameters(), torch.no_grad():
+            policy = dict(self.engine.module.named_parameters())
+            for name, ref in self.reference.named_parameters():
+                ref.mul_(1.0 - mix).add_(policy[name].to(ref.dtype), alpha=mix)
 
     def _reference_logprobs(self, batch: PackedBatch, temperature: float) -> torch.Tensor:
         """The KL reference's logprobs: the frozen copy, or with LoRA the policy with its adapter off."""
@@ -477,6 +495,8 @@ class Learner(WeightSource):
                 if (Path(path) / lora.BASE_DIR).is_dir():
                     copy_tokenizer_files(self.model_path, Path(path) / lora.BASE_DIR)
         if with_state:
+            if self.reference is not None and self.rank == 0:  # moved from model.path's weights by mix_reference
+                self.reference.save_pretrained(Path(path) / REFERENCE_DIR, safe_serialization=True)
             self.engine.save_checkpoint(str(Path(path) / "deepspeed"), tag="state")
             if self.value_engine is not None:  # the separate value model, its optimizer and ZeRO state
                 self.value_engine.save_checkpoint(str(Path(path) / "deepspeed_value"), tag="state")
@@ -488,6 +508,11 @@ class Learner(WeightSource):
         load_path, _ = self.engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state")
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed state under {path}/deepspeed")
+        if self.reference is not None:
+            reference_path = Path(path) / REFERENCE_DIR
+            if not reference_path.exists():
+                raise FileNotFoundError(f"learner.kl: no KL reference under {reference_path} (a checkpoint of a run without one)")
+            self.reference = self._load_reference(reference_path).to(self.engine.device)
         if self.config.advantage.type == "ppo" and not self.shared_value:
             value_path = Path(path) / "deepspeed_value"
             if not value_path.exists():

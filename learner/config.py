@@ -254,7 +254,7 @@ AdvantageEstimator = Annotated[
 
 
 class KLPenalty(Section):
-    coef: float = Field(ge=0, description="Weight of the KL penalty to the frozen reference (the first step's, with a schedule).")
+    coef: float = Field(ge=0, description="Weight of the KL penalty to the reference (the first step's, with a schedule).")
     coef_final: float | None = Field(
         default=None, ge=0, description="With schedule_steps, the KL weight moves linearly from coef to this."
     )
@@ -265,6 +265,19 @@ class KLPenalty(Section):
         description="loss: a per-token penalty in the loss; reward: the summed KL of each sample is "
         "subtracted from its reward before advantages (as RLOO in TRL and OpenRLHF).",
     )
+    reference_mix: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Every reference_every RL steps, the reference moves towards the policy: reference <- "
+        "(1 - reference_mix) x reference + reference_mix x policy (TRL's sync_ref_model alpha; the RLOO design's "
+        "soft-updated target, 0.01 then 0.001). 0: the reference stays the policy RL started from.",
+    )
+    reference_every: int = Field(default=1, ge=1, description="RL steps between two moves of the reference (with reference_mix).")
+
+    @model_validator(mode="after")
+    def _reference_moves(self) -> "KLPenalty":
+        if self.reference_every != 1 and self.reference_mix == 0:
+            raise ValueError("reference_every is set but reference_mix is 0: the reference would never move")
+        return self
 
 
 class LearnerConfig(Section):
@@ -353,7 +366,8 @@ class LearnerConfig(Section):
     )
     kl: KLPenalty | None = Field(
         default=None,
-        description="A KL penalty to the frozen reference (in the loss or in the reward). Null: none, and no reference model.",
+        description="A KL penalty to a reference policy (in the loss or in the reward): the policy as RL starts (after the "
+        "SFT warm-up), frozen or following the policy (reference_mix). Null: none, and no reference model.",
     )
     lora: LoraSettings | None = Field(
         default=None,
@@ -373,6 +387,9 @@ class LearnerConfig(Section):
         if self.lora is not None and self.advantage.type == "ppo" and self.advantage.value_model == "shared":
             raise ValueError("lora with advantage.value_model shared: a value head on an adapted backbone is not supported; "
                              "use value_model separate (a value model of its own, trained whole)")
+        if self.lora is not None and self.kl is not None and self.kl.reference_mix > 0:
+            raise ValueError("lora with kl.reference_mix: a LoRA policy's reference is its base with the adapter off, "
+                             "which has no weights of its own to move; set learner.kl.reference_mix=0")
         if self.overlong_buffer and self.overlong_penalty == 0:
             raise ValueError("overlong_buffer is set but overlong_penalty is 0: the penalty would do nothing")
         return self
@@ -396,8 +413,13 @@ class LearnerConfig(Section):
 
     @property
     def needs_reference(self) -> bool:
-        """Whether the KL term needs the frozen reference's logprobs at some step."""
+        """Whether the KL term needs the reference's logprobs at some step."""
         return self.kl is not None and (self.kl.coef > 0 or (self.kl.coef_final or 0) > 0)
+
+    @property
+    def own_reference(self) -> bool:
+        """Whether the KL reference is a model of its own (with LoRA, it is the base with the adapter off)."""
+        return self.needs_reference and self.lora is None
 
     @property
     def pushed_adapter_rank(self) -> int | None:

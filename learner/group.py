@@ -116,6 +116,10 @@ class LearnerGroup:
         """learner.lora.start rl: the adapter starts on the policy as it is now (Learner.start_lora)."""
         ray.get([r.start_lora.remote() for r in self.ranks])
 
+    def mix_reference(self, mix: float) -> None:
+        """The KL reference moves towards the policy by `mix` (Learner.mix_reference; 1: becomes it)."""
+        self._wait([r.mix_reference.remote(mix) for r in self.ranks], "mix_reference")
+
     def parameter_counts(self) -> dict[str, int]:
         """The policy's parameters, those that train and rank 0's optimizer-state bytes (Learner.parameter_counts)."""
         return ray.get(self.ranks[0].parameter_counts.remote())

@@ -255,3 +255,13 @@ def test_estimators_that_take_one_sample_per_prompt_and_what_ppo_cannot_do():
     with pytest.raises(ConfigError, match="max_refill_rounds: advantage ppo keeps every group"):
         load_config("configs/ppo.yaml", ["train.max_refill_rounds=2"])
     assert load_config("configs/ppo.yaml").reward.tokenizer_path is not None  # the dense rewards' tokenizer
+
+
+def test_a_moving_kl_reference_needs_weights_of_its_own_and_a_mix():
+    moving = load_config("configs/default.yaml", ["learner.kl={coef: 0.01, reference_mix: 0.01, reference_every: 4}"]).learner
+    assert moving.own_reference and moving.kl.reference_every == 4
+    with pytest.raises(ConfigError, match="reference_every is set but reference_mix is 0"):
+        load_config("configs/default.yaml", ["learner.kl={coef: 0.01, reference_every: 4}"])
+    with pytest.raises(ConfigError, match="lora with kl.reference_mix"):
+        load_config("configs/lora.yaml", ["learner.kl={coef: 0.01, reference_mix: 0.01}"])
+    assert not load_config("configs/lora.yaml", ["learner.kl={coef: 0.01}"]).learner.own_reference

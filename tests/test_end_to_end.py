@@ -200,3 +200,26 @@ def test_dapo_preset_refills_uniform_groups_with_the_asynchronous_pipeline(ray_c
     assert all(r["pool_dropped_groups"] == 0 for r in rl) if partial else not any("pool_dropped_groups" in r for r in rl)
     trained = [r for r in rl if r.get("grad_norm") is not None]
     assert trained and all(r["entropy"] > 0 and "clip_fraction_high" in r for r in trained)
+
+
+def test_the_kl_reference_starts_at_the_sft_policy_and_follows_the_policy_every_n_steps(ray_cluster, tiny_model, tmp_path):
+    """With the KL in the reward, each step measures its samples' KL before it trains: 0 at the
+    first step (the reference is the policy RL starts from, after the SFT warm-up) and after each
+    move of the reference onto the policy (reference_mix 1, every 2 steps: after step 2), above 0
+    where the policy trained since (step 2, step 4)."""
+    out = tmp_path / "run"
+    config = load_config("configs/default.yaml", [
+        f"model.path={tiny_model}", f"train.output_dir={out}",
+        "sft.steps=4", "train.steps=4", "train.prompts_per_step=2", "train.eval_every=0", "train.checkpoint_every=0",
+        "rollout.samples_per_prompt=2", "rollout.max_new_tokens=12", "learner.optimizer_steps=1", "learner.lr=1e-3",
+        "learner.kl={coef: 0.05, into: reward, reference_mix: 1.0, reference_every: 2}",
+        # every step trains: the per-token rewards differ where the outcomes do not
+        "learner.advantage.dense={}", "learner.advantage.filter_uninformative=false",
+        "tasks.max_eval_tasks=2", "eval.sampled=false",
+    ])
+    train(config)
+    rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    assert all(r["grad_norm"] is not None for r in rl)
+    kl = [r["kl_sequence_mean"] for r in rl]
+    assert abs(kl[0]) < 1e-6 and abs(kl[2]) < 1e-6, kl
+    assert kl[1] > 1e-4 and kl[3] > 1e-4, kl

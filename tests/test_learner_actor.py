@@ -70,6 +70,13 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
         stats = learner.train_step(sequences, *loss(config))
         assert stats["grad_norm"] > 0 and "kl" in stats
         published = saved_weights(learner, tmp_path / "published")
+        # The KL reference (model.path's weights here) moves a quarter of the way to the policy,
+        # then becomes it: from the gathered parameters under ZeRO-3, into the checkpoint.
+        learner.mix_reference(0.25)
+        learner.save(str(tmp_path / "mixed"), with_state=True)
+        kl_mixed, _ = learner.token_stats(sequences, 1.0, kl=True, values=False)
+        learner.mix_reference(1.0)
+        kl_same, _ = learner.token_stats(sequences, 1.0, kl=True, values=False)
         # The push gathers whole weights too: the worker checks every bucket's sum on arrival.
         group = RolloutGroup([worker])
         group.connect(learner.weight_sources)
@@ -84,6 +91,11 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
         assert published[name].shape == tensor.shape, name
     assert any(not torch.equal(published[n], initial[n]) for n in initial)
     assert torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
+    mixed = load_causal_lm(tmp_path / "mixed" / "reference").state_dict()
+    for name, tensor in initial.items():
+        torch.testing.assert_close(mixed[name], 0.75 * tensor + 0.25 * published[name], rtol=0, atol=1e-7, msg=name)
+    assert max(max(k) for k in kl_mixed) > 1e-3
+    assert max(abs(v) for k in kl_same for v in k) < 1e-6
 
 
 def test_one_mini_batch_takes_its_step_start_logprobs_from_the_training_forward(ray_cluster, tiny_model, tmp_path):
@@ -172,14 +184,16 @@ def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, t
 
 
 @pytest.mark.parametrize("value_model, stage", [("separate", 3), ("shared", 2)])
-def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_cluster, tiny_model, tmp_path, value_model, stage):
+def test_ppo_value_model_and_moving_kl_reference_learn_stay_out_of_the_policy_and_resume(ray_cluster, tiny_model, tmp_path, value_model, stage):
     """PPO's value model (its own engine at ZeRO-3, built from the policy after an SFT step; or a head
     on the policy at ZeRO-2, idle through SFT): it starts at zero, its loss falls as it learns fixed
     returns, the policy it publishes has no value tensor, and a checkpoint brings its estimates back
-    exactly. (The default config, ZeRO-0 with a separate model, runs in tests/test_end_to_end.py.)"""
+    exactly, and the KL reference as it had moved. (The default config, ZeRO-0 with a separate model,
+    runs in tests/test_end_to_end.py.)"""
     examples, sequences = batch(tiny_model, count=6)
     config = LearnerConfig(advantage={"type": "ppo", "value_model": value_model, "value_loss_coef": 1.0}, zero_stage=stage,
-                           optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=256)
+                           optimizer_steps=2, lr=1e-3, max_tokens_per_micro_batch=256,
+                           kl={"coef": 0.05, "into": "reward", "reference_mix": 0.5})
     for seq in sequences:
         seq.returns = [0.8] * len(seq.completion_ids)
     learner = LearnerGroup(str(tiny_model), config)
@@ -195,8 +209,9 @@ def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_
             stats = learner.train_step(sequences, *loss(config))
             losses.append(stats["value_loss"])
             assert 0.0 <= stats["value_clip_fraction"] <= 1.0 and stats["grad_norm"] > 0
+        learner.mix_reference(0.5)  # half-way from model.path's weights to the policy
         learner.save(str(tmp_path / "ckpt"), with_state=True)
-        _, saved_values = learner.token_stats(sequences, 1.0, kl=False, values=True)
+        saved_kl, saved_values = learner.token_stats(sequences, 1.0, kl=True, values=True)
     finally:
         learner.kill()
     assert all(v == 0.0 for row in first for v in row)  # the head starts at zero: the first advantages are the returns
@@ -206,10 +221,11 @@ def test_ppo_value_model_learns_returns_stays_out_of_the_policy_and_resumes(ray_
     resumed = LearnerGroup(str(tiny_model), config)
     try:
         resumed.load_state(str(tmp_path / "ckpt"))
-        _, values = resumed.token_stats(sequences, 1.0, kl=False, values=True)
+        kl, values = resumed.token_stats(sequences, 1.0, kl=True, values=True)
     finally:
         resumed.kill()
     assert values == saved_values
+    assert kl == saved_kl and max(max(k) for k in kl) > 1e-3
 
 
 def test_deepspeeds_cpu_collectives_op_is_kept_by_its_content_not_its_virtualenv(tmp_path):

@@ -99,6 +99,14 @@ def test_zero_partitions_the_states():
     assert by_stage[3]["weights"] == by_stage[2]["weights"] / 2
 
 
+def test_the_kl_reference_is_a_copy_in_the_training_dtype_and_a_moving_one_in_float32():
+    frozen = plan(load_config("configs/scale-0.5b.yaml", ["learner.kl={coef: 0.01}"])).actors[1].components
+    moving = plan(load_config("configs/scale-0.5b.yaml", ["learner.kl={coef: 0.01, reference_mix: 0.01}"])).actors[1].components
+    assert frozen["reference"] == frozen["weights"]  # bf16, whole on each rank at ZeRO-2
+    assert moving["reference"] == 2 * frozen["reference"]  # float32
+    assert "reference" not in plan(load_config("configs/scale-0.5b.yaml")).actors[1].components
+
+
 def test_seven_b_at_zero_stage_0_is_refused_naming_the_learner():
     cluster = validate_cluster_file(ROOT / "cluster.yaml")
     assert plan(load_config("configs/qwen2.5-coder-7b.yaml"), cluster).fits

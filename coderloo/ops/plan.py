@@ -239,8 +239,8 @@ def _learner(config, arch: Architecture) -> tuple[dict[str, float], list[str]]:
         value = states(n if separate else 0, trained_value)
         parts["value model"] = sum(value.values())
     parts.update(_zero_buffers(arch, stage, world, n, trained, b, on_gpu))
-    if learner.lora is None and learner.needs_reference:
-        parts["reference"] = n * b  # a frozen full copy in the training dtype (with LoRA: the base, adapter off)
+    if learner.own_reference:  # a full copy (with LoRA: the base, adapter off); one that moves is fp32
+        parts["reference"] = n * (4 if learner.kl.reference_mix else b)
     activations, note = _activations(learner, arch, b)
     parts.update(activations)
     parts["runtime"] = CUDA_CONTEXT_BYTES if on_gpu else LEARNER_PROCESS_BYTES
