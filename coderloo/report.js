@@ -258,6 +258,14 @@ function charts(root) {
       series: [{ name: "explained variance", values: data.train.explained_variance }, { name: "value loss", values: data.train.value_loss }] });
   }
 
+  const components = Object.entries(data.train.components);
+  if (components.length) {  // reward.components: only runs that plug some in
+    const plugged = card(grid, "Reward components", "Mean score in [0, 1] of each plugged-in reward component over each RL "
+      + "step's samples (reward.components).");
+    lineChart(plugged, "components", { x: data.train.step, xTitle: "RL step", radius: 1.8,
+      series: components.map(([name, values]) => ({ name, values })) });
+  }
+
   const sft = card(grid, "SFT loss", "Next-token loss on reference solutions, per warm-up step.");
   if (data.sft.step.length && data.sft.loss.some((v) => v !== null)) {
     lineChart(sft, "sft", { x: data.sft.step, xTitle: "SFT step", radius: 1.8, series: [{ name: "SFT loss", values: data.sft.loss }] });

@@ -68,7 +68,10 @@ def report_data(run_dir: Path) -> dict:
         "train": {"step": [r["step"] for r in rl], "reward_mean": _column(rl, "reward_mean"), "pass_rate": _column(rl, "pass_rate"),
                   "entropy": _column(rl, "entropy"), "clip_fraction_low": _column(rl, "clip_fraction_low"),
                   "clip_fraction_high": _column(rl, "clip_fraction_high"),
-                  "explained_variance": _column(rl, "explained_variance"), "value_loss": _column(rl, "value_loss")},
+                  "explained_variance": _column(rl, "explained_variance"), "value_loss": _column(rl, "value_loss"),
+                  # the plugged-in reward components' mean scores (reward.components)
+                  "components": {key.removeprefix("component_").removesuffix("_mean"): _column(rl, key)
+                                 for key in dict.fromkeys(k for r in rl for k in r if k.startswith("component_") and k.endswith("_mean"))}},
         "sft": {"step": [r["step"] for r in sft], "loss": _column(sft, "sft_loss")},
         "evals": [{"label": _eval_label(r), **{k: _number(v) for k, v in r.items() if k.startswith(("pass@", "greedy_pass@"))}}
                   for r in evals],

@@ -34,6 +34,7 @@ from reward_service.fusion import SandboxFusion
 from reward_service.interpreter import run_request, run_results
 from reward_service.peers import OpenRLHFRequest, OpenRLHFResponse, label_task, openrlhf_response
 from reward_service.schemas import RewardRequest, RewardResponse, RunRequest, RunResponse
+from reward_service.components import ComponentError
 from reward_service.scorer import RewardScorer, SandboxInfraError
 from reward_service.tasks import Task, load_jsonl
 from sandbox_pool import ExecutionRequest, ExecutionResult, SandboxPool
@@ -104,7 +105,7 @@ class RewardService:
 
             self.tokenizer = load_tokenizer(config.tokenizer_path)
         self.pool = SandboxPool(config.pool)
-        self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights)
+        self.scorer = RewardScorer(self.pool, config.limits, weights=config.weights, components=config.components)
         self.metrics = Metrics()
         self.threads = asyncio.Semaphore(config.max_ongoing_requests)
 
@@ -134,7 +135,7 @@ class RewardService:
         for task, item, r in zip(tasks, request.items, rewards):
             if item.completion_token_ids is not None:
                 r.token_rewards, r.token_penalties = token_rewards(task, item.completion, r, item.completion_token_ids, self.tokenizer,
-                                                                   self.config.weights)
+                                                                   self.config.weights, self.config.components)
             self.metrics.outcomes.labels(r.status.value).inc()
         return RewardResponse(items=rewards)
 
@@ -172,14 +173,14 @@ class RewardService:
         return (await self._in_thread(self.pool.run, [request]))[0]
 
     async def _answer(self, path: str, answer: Awaitable[Answer]) -> Answer:
-        """An HTTP route's answer, with its metrics; a sandbox failure is a 503 with Retry-After."""
+        """An HTTP route's answer, with its metrics; a sandbox or plugged-in component failure is a 503 with Retry-After."""
         start, code = time.perf_counter(), 200
         try:
             return await answer
         except HTTPException as e:
             code = e.status_code
             raise
-        except SandboxInfraError as e:
+        except (SandboxInfraError, ComponentError) as e:
             code = 503
             raise HTTPException(503, str(e), headers={"Retry-After": str(self.config.retry_after_s)}) from None
         except asyncio.CancelledError:

@@ -1,14 +1,16 @@
 """Per-token (dense) rewards: each part of a reward goes to the completion tokens that earned it.
 
-The outcome of the tests (and the syntax and performance terms) is spread evenly over the tokens of the code; a
-lint diagnostic's penalty, and a syntax error's, fall on the tokens that wrote the offending
-characters. Tokens outside the code (prose, fences) get zero. Apart from a syntax error (whose
--syntax weight the scalar total expresses as a missing +syntax weight), the values sum to the total.
+The outcome of the tests (and the syntax, performance and plugged-in components' terms) is spread
+evenly over the tokens of the code; a lint diagnostic's penalty, a syntax error's and the shortfall
+of a plugged-in component that blamed spans fall on the tokens that wrote the offending characters.
+Tokens outside the code (prose, fences) get zero. Apart from a syntax error (whose -syntax weight
+the scalar total expresses as a missing +syntax weight), the values sum to the total.
 """
 from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
 
+from reward_service.components import ComponentSpec
 from reward_service.extract import extract
 from reward_service.schemas import Diagnostic, ItemReward
 from reward_service.tasks import Task
@@ -47,10 +49,14 @@ def _completion_span(diag: Diagnostic, program: str, code_offset: int, code_star
 
 
 def token_rewards(
-    task: Task, completion: str, reward: ItemReward, token_ids: list[int], tokenizer, weights: RewardWeights
+    task: Task, completion: str, reward: ItemReward, token_ids: list[int], tokenizer, weights: RewardWeights,
+    components: list[ComponentSpec] = (),
 ) -> tuple[list[float], list[float]]:
-    """Per completion token, aligned with `token_ids`: its reward, and the part of it that is a lint
-    or syntax penalty of the tokens that caused it (the rest is the outcome spread over the code)."""
+    """Per completion token, aligned with `token_ids`: its reward, and the part of it that is a
+    penalty of the tokens that caused it (the rest is the outcome spread over the code). A
+    plugged-in component's weighted score is spread over the code too; where it blamed spans, its
+    whole weight is spread and the score's shortfall, weight x (1 - score), falls on the tokens that
+    wrote them."""
     ends = token_end_offsets(token_ids, tokenizer)
     spans = list(zip([0] + ends[:-1], ends))
     ex = extract(completion, task.prompt_is_code, task.entry_point, task.language)
@@ -60,8 +66,12 @@ def token_rewards(
     if not code_tokens:
         return out, penalized
     c = reward.components
+    blamed = [(spec, reward.blame[spec.name]) for spec in components if reward.blame.get(spec.name)]
+    domain = sum(spec.weight * (1.0 if reward.blame.get(spec.name) else c.domain[spec.name])
+                 for spec in components if c.domain.get(spec.name) is not None)
     shared = (
         weights.syntax * c.syntax + weights.functionality * c.functionality + weights.performance * (c.performance or 0.0)
+        + domain
     ) / len(code_tokens)
     for i in code_tokens:
         out[i] = shared
@@ -73,6 +83,8 @@ def token_rewards(
     if lint:
         each = weights.lint * (c.lint or 0.0) / len(lint)
         penalties += [(d, each) for d in lint]
+    for spec, blame in blamed:
+        penalties += [(d, spec.weight * (1.0 - c.domain[spec.name]) / len(blame)) for d in blame]
     for diag, penalty in penalties:
         start, end = _completion_span(diag, program, code_offset, ex.start)
         if end <= ex.start:

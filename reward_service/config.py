@@ -5,6 +5,7 @@ from pydantic import Field, model_validator
 
 from common.config import Section
 from common.cpus import CpuSet
+from reward_service.components import ComponentSpec
 from reward_service.weights import RewardWeights
 from sandbox_pool import Limits, PoolSettings
 
@@ -23,6 +24,10 @@ class AutoscalingSettings(Section):
 
 class ServiceConfig(Section):
     weights: RewardWeights = Field(default_factory=RewardWeights)
+    components: list[ComponentSpec] = Field(
+        default_factory=list, description="Reward components a domain plugs in (reward_service/components.py): each a "
+        "callable named by its import path, asked for a score in [0, 1] of every program after its run, weighed into "
+        "the total; one that raises or answers late fails the request naming it.")
     limits: Limits = Field(default_factory=Limits, description="Resource limits of each program run.")
     pool: PoolSettings = Field(default_factory=PoolSettings, description="Each replica's sandbox pool: backend, executors, scaling.")
     task_files: list[str] = Field(
@@ -63,3 +68,11 @@ class ServiceConfig(Section):
         "again). Above a training step's requests (one per prompt), so the trainer is not refused at its normal load.")
     retry_after_s: int = Field(
         1, ge=1, description="Seconds a 503 tells its client to wait (Retry-After): a full queue, or failing sandboxes.")
+
+    @model_validator(mode="after")
+    def _distinct_components(self) -> "ServiceConfig":
+        names = [c.name for c in self.components]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"components: {', '.join(twice)} named more than once")
+        return self

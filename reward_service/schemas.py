@@ -47,6 +47,9 @@ class Components(BaseModel):
         description="Reference run time over this run time, capped at 1 (0 when tests fail); "
         "null when off or when the reference fails."
     )
+    domain: dict[str, float | None] = Field(
+        default_factory=dict, description="Each plugged-in component's score in [0, 1] (reward.components), by name; "
+        "null where it said nothing of the item.")
 
 
 class Diagnostic(BaseModel):
@@ -74,7 +77,7 @@ OUTCOME_CLASS = {
 
 class ItemReward(BaseModel):
     components: Components
-    total: float = Field(description="The weighted sum of the components (lint subtracted).")
+    total: float = Field(description="The weighted sum of the components, the plugged-in ones' too (lint subtracted).")
     passed: bool
     status: Status
     diagnostics: list[Diagnostic]
@@ -83,6 +86,9 @@ class ItemReward(BaseModel):
         "tests' words only: why the run ended, the first failing test and its error, the end of the program's "
         "stderr; empty when it passed."
     )
+    blame: dict[str, list[Diagnostic]] = Field(
+        default_factory=dict, description="The spans of the program each plugged-in component blamed for the rest of its "
+        "score (dense rewards put that share on the tokens that wrote them).")
     token_rewards: list[float] | None = Field(description="One per completion token id; null when no token ids were given.")
     token_penalties: list[float] | None = Field(
         None, description="The lint and syntax penalties within token_rewards, on the tokens that caused them (the "

@@ -1,18 +1,18 @@
 """Turning completions into rewards: extract the program, check syntax and lint, run the tests in
-the pool, time it against the reference, weigh the components."""
+the pool, time it against the reference, ask the plugged-in components, weigh them all."""
 from __future__ import annotations
 
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from reward_service.components import ComponentSpec, PluggedComponents, Score, Scored
 from reward_service.extract import Extraction, extract, never_answered
 from reward_service.lint import ruff_check, syntax_error
 from reward_service.schemas import Components, Diagnostic, ItemReward
 from reward_service.tasks import Task
 from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionResult, IOTest, Limits, SandboxPool, Status
-
 
 FEEDBACK_CHARS = 1_000  # the most execution feedback one reward carries (a client may cut it shorter)
 # Of the detail, of a failing test's source, of its error and of the end of stderr: all of them
@@ -140,10 +140,11 @@ def did_not_compile(task: Task, error: Diagnostic) -> ExecutionResult:
 
 
 class RewardScorer:
-    def __init__(self, pool: SandboxPool, limits: Limits, weights: RewardWeights):
+    def __init__(self, pool: SandboxPool, limits: Limits, weights: RewardWeights, components: list[ComponentSpec] = ()):
         self.pool = pool
         self.limits = limits
         self.weights = weights
+        self.components = PluggedComponents(list(components))
         self._reference_s: dict[str, float] = {}  # task id -> run time of its passing reference solution
         # Ruff runs as a subprocess per program; threads overlap them with each other and with the pool.
         self._lint_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ruff")
@@ -191,9 +192,11 @@ class RewardScorer:
         return min(1.0, reference / max(result.duration_s, 1e-6))
 
     def reward(
-        self, task: Task, analysis: Analysis, result: ExecutionResult, diagnostics: list[Diagnostic] | None
+        self, task: Task, analysis: Analysis, result: ExecutionResult, diagnostics: list[Diagnostic] | None,
+        domain: dict[str, Score | None] | None = None,
     ) -> ItemReward:
         w = self.weights
+        domain = domain or {}
         performance = self.performance(task, result)
         syntax = 0.0 if analysis.syntax_error else 1.0
         functionality = result.fraction_passed
@@ -201,9 +204,12 @@ class RewardScorer:
         total = (
             w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0)
             + w.performance * (performance or 0.0)
+            + sum(spec.weight * domain[spec.name].value for spec in self.components.specs if domain.get(spec.name) is not None)
         )
         return ItemReward(
-            components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance),
+            components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance,
+                              domain={name: None if s is None else s.value for name, s in domain.items()}),
+            blame={name: s.blame for name, s in domain.items() if s is not None and s.blame},
             total=total, passed=result.status == Status.passed, status=result.status,
             diagnostics=([analysis.syntax_error] if analysis.syntax_error else []) + (diagnostics or []),
             feedback=execution_feedback(task, result, task.run_limits(self.limits)), token_rewards=None,
@@ -234,4 +240,7 @@ class RewardScorer:
                 f"{len(broken)} of {len(results)} programs hit a sandbox failure; "
                 f"first: task {tasks[broken[0]].id}: {results[broken[0]].detail}"
             )
-        return [self.reward(t, a, r, d) for t, a, r, d in zip(tasks, analyses, results, diagnostics)]
+        # after the sandbox: a component sees how the run ended (and the sandbox's failures raised first)
+        domain = self.components.score([Scored(t, c, a.extraction.code, a.program, r)
+                                        for t, c, a, r in zip(tasks, completions, analyses, results)])
+        return [self.reward(t, a, r, d, s) for t, a, r, d, s in zip(tasks, analyses, results, diagnostics, domain)]

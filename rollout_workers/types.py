@@ -130,4 +130,15 @@ class Rollouts:
             "staleness_token_mean": sum(token_staleness) / max(len(token_staleness), 1),
             "updated_in_flight_fraction": sum(turn.segments is not None for turn in turns) / len(turns),
             "samples": len(trajectories),
+            **domain_means(outcomes),
         }
+
+
+def domain_means(outcomes: list[ItemReward]) -> dict[str, float]:
+    """Each plugged-in reward component's mean score over the items it scored (component_<name>_mean)."""
+    scores: dict[str, list[float]] = {}
+    for r in outcomes:
+        for name, value in r.components.domain.items():
+            if value is not None:
+                scores.setdefault(name, []).append(value)
+    return {f"component_{name}_mean": sum(v) / len(v) for name, v in scores.items()}

@@ -223,3 +223,29 @@ def test_the_kl_reference_starts_at_the_sft_policy_and_follows_the_policy_every_
     kl = [r["kl_sequence_mean"] for r in rl]
     assert abs(kl[0]) < 1e-6 and abs(kl[2]) < 1e-6, kl
     assert kl[1] > 1e-4 and kl[3] > 1e-4, kl
+
+
+def test_a_plugged_in_reward_component_reaches_the_metrics_and_the_report_and_one_that_raises_stops_the_run(
+        ray_cluster, tiny_model, tmp_path):
+    """configs/dataflow.yaml (CodeBLEU's data-flow match with the reference, with dense rewards) on
+    a short run: each step's record has the samples' mean score, the report's data charts it. The
+    same run with a component that raises (json.loads given a Scored item) stops at its first step,
+    naming it: no program is scored 0 for it."""
+    from coderloo.report import report_data
+
+    short = [f"model.path={tiny_model}", "sft.steps=20", "sft.batch_size=16", "train.steps=2", "train.prompts_per_step=4",
+             "train.eval_every=0", "train.checkpoint_every=0", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16",
+             "learner.advantage.filter_uninformative=false", "tasks.max_eval_tasks=4", "eval.sampled=false"]
+    out = tmp_path / "dataflow"
+    train(load_config("configs/dataflow.yaml", [*short, f"train.output_dir={out}"]))
+    rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2]
+    assert all(0.0 < r["component_dataflow_mean"] <= 1.0 for r in rl)
+    assert all(r["dense_advantage_abs_mean"] > 0 for r in rl)
+    assert report_data(out)["train"]["components"] == {"dataflow": [r["component_dataflow_mean"] for r in rl]}
+
+    broken = "reward.components=[{name: broken, path: 'json:loads', weight: 0.1}]"
+    with pytest.raises(Exception, match=r"reward component 'broken' \(json:loads\) on task \S+ raised TypeError") as error:
+        train(load_config("configs/default.yaml", [*short, f"train.output_dir={tmp_path / 'broken'}", broken]))
+    records = read_metrics(tmp_path / "broken" / "metrics.jsonl")
+    assert not [r for r in records if r["phase"] == "rl"], error.value  # no step trained on its samples

@@ -56,7 +56,8 @@ class DomCount(HTMLParser):
             self._text.append(data)
 
 
-def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdown: bool = True, ppo: bool = False) -> None:
+def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdown: bool = True, ppo: bool = False,
+              components: tuple[str, ...] = ()) -> None:
     """A run directory as coderloo.controller.run writes it, with made-up but realistic numbers:
     evaluations at the start, after SFT, every 2 RL steps and at the end. `with_breakdown=False`
     is a run from before the pass rates by difficulty and family and the samples' feedback."""
@@ -96,6 +97,7 @@ def write_run(run_dir: Path, rl_steps: int = 6, sft_steps: int = 5, with_breakdo
                                time_wait_generation_s=wait * 0.6, time_wait_scoring_s=wait * 0.4, time_wait_refill_s=0.0)
         if ppo:
             records[-1].update(explained_variance=-0.5 + 0.2 * step, value_loss=0.3 / step)
+        records[-1].update({f"component_{name}_mean": 0.1 * step / (k + 1) for k, name in enumerate(components)})
         completions = [f"    return n + {step}\n", HOSTILE, "    return sorted(xs)\n", "    retur n\n"]
         sample = {"phase": "rl", "step": step, "time": t, "task": f"synthetic/add_const/{step}",
                   "completions": completions, "rewards": [1.1, 0.0, 0.1, 0.0]}
@@ -146,11 +148,12 @@ def test_report_renders_every_chart_in_chromium(tmp_path):
     assert dom.notes == []
 
 
-def test_a_ppo_run_also_charts_its_value_model(tmp_path):
+def test_a_ppo_run_with_plugged_in_reward_components_also_charts_its_value_model_and_them(tmp_path):
     run_dir = tmp_path / "run"
-    write_run(run_dir, rl_steps=6, sft_steps=5, ppo=True)
+    write_run(run_dir, rl_steps=6, sft_steps=5, ppo=True, components=("dataflow", "robot"))
     dom = DomCount(run_chromium(tmp_path, "--dump-dom", write_report(run_dir).as_uri()))
     assert dom.marks["value"] == {"line": 2, "point": 2 * 6}  # explained variance and value loss, each step
+    assert dom.marks["components"] == {"line": 2, "point": 2 * 6}  # each component's mean score, each step
     assert dom.notes == []
 
 

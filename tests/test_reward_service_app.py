@@ -55,12 +55,29 @@ def test_scores_over_http_with_token_rewards(service, tiny_model):
     assert r.status_code == 200, r.text
     right, wrong = r.json()["items"]
     assert right["passed"] and right["status"] == "passed" and right["total"] == pytest.approx(1.1)
-    assert right["components"] == {"syntax": 1.0, "functionality": 1.0, "lint": 0.0, "performance": None}
+    assert right["components"] == {"syntax": 1.0, "functionality": 1.0, "lint": 0.0, "performance": None, "domain": {}}
     assert len(right["token_rewards"]) == len(ids) and sum(right["token_rewards"]) == pytest.approx(1.1)
     assert not wrong["passed"] and wrong["components"]["lint"] == 0.2 and wrong["token_rewards"] is None
     assert [d["code"] for d in wrong["diagnostics"]] == ["F401"]
     # what a rewrite would be told: nothing when it passed, else the first failing test
     assert right["feedback"] == "" and "first failing test: " in wrong["feedback"]
+
+
+def test_a_plugged_in_component_that_raises_is_a_503_naming_it(service):
+    """Its failure is the service's, not the program's: no score of 0 comes back."""
+    from ray import serve
+
+    from reward_service.app import build_app
+
+    _, url = service
+    config = ServiceConfig(components=[{"name": "broken", "path": "json:loads", "weight": 0.1}])
+    serve.run(build_app(config), name="broken", route_prefix="/broken")
+    try:
+        r = post(f"{url}/broken", json.dumps({"items": [{"task": TASK.model_dump(), "completion": RIGHT}]}))
+    finally:
+        serve.delete("broken")
+    assert r.status_code == 503, r.text
+    assert "reward component 'broken' (json:loads) on task" in r.json()["detail"] and "raised TypeError" in r.json()["detail"]
 
 
 def test_handle_without_http(service):
