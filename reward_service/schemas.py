@@ -47,6 +47,9 @@ class Components(BaseModel):
         description="Reference run time over this run time, capped at 1 (0 when tests fail); "
         "null when off or when the reference fails."
     )
+    coverage: float | None = Field(
+        None, description="The share of the program's executable lines its tests ran; null when off or not measured "
+        "(C++, JavaScript, a run that ended before it said).")
     domain: dict[str, float | None] = Field(
         default_factory=dict, description="Each plugged-in component's score in [0, 1] (reward.components), by name; "
         "null where it said nothing of the item.")

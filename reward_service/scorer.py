@@ -132,6 +132,37 @@ def stderr_tail(stderr: str) -> str:
     return "\n".join(lines[-STDERR_LINES:])[-FEEDBACK_PART_CHARS:]
 
 
+def executable_lines(code) -> set[int]:
+    """The lines of `code` (a compiled program) and of every function, class and comprehension in it
+    that hold an instruction: what a line tracer can see run."""
+    lines = {line for _, _, line in code.co_lines() if line}
+    for const in code.co_consts:
+        if hasattr(const, "co_lines"):
+            lines |= executable_lines(const)
+    return lines
+
+
+def coverage(program: str, executed: list[int] | None) -> Score | None:
+    """The share of `program`'s executable lines in `executed` (None: not measured), its uncovered
+    lines blamed (dense rewards put the shortfall on the tokens that wrote them)."""
+    if executed is None:
+        return None
+    try:
+        lines = executable_lines(compile(program, "<program>", "exec", dont_inherit=True))
+    except (SyntaxError, ValueError):
+        return None
+    if not lines:
+        return None
+    text = program.splitlines()
+    missed = sorted(lines - set(executed))
+    blame = []
+    for n in missed:
+        line = text[n - 1] if n <= len(text) else " "
+        blame.append(Diagnostic(code="coverage", message="no test ran this line", row=n,
+                                column=len(line) - len(line.lstrip()) + 1, end_row=n, end_column=len(line.rstrip()) + 1))
+    return Score(1.0 - len(missed) / len(lines), blame)
+
+
 def did_not_compile(task: Task, error: Diagnostic) -> ExecutionResult:
     """The sandbox's answer to a program that does not compile, given without running it: the
     sandbox's first step is the same `compile`, and its tests never run after a failed one."""
@@ -160,7 +191,7 @@ class RewardScorer:
             key = (task.id, program)
             if key not in unique:
                 unique[key] = len(requests)
-                requests.append(task.execution_request(program, self.limits))
+                requests.append(task.execution_request(program, self.limits, coverage=self.weights.coverage > 0))
             index.append(unique[key])
         futures = self.pool.submit(requests)
         return [futures[i] for i in index]
@@ -201,14 +232,18 @@ class RewardScorer:
         syntax = 0.0 if analysis.syntax_error else 1.0
         functionality = result.fraction_passed
         lint = None if diagnostics is None else min(len(diagnostics), w.lint_saturation) / w.lint_saturation
+        covered = coverage(analysis.program, result.lines_executed) if w.coverage else None
+        if covered is not None:
+            domain = {**domain, "coverage": covered}
         total = (
             w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0)
-            + w.performance * (performance or 0.0)
+            + w.performance * (performance or 0.0) + w.coverage * (covered.value if covered else 0.0)
             + sum(spec.weight * domain[spec.name].value for spec in self.components.specs if domain.get(spec.name) is not None)
         )
         return ItemReward(
             components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance,
-                              domain={name: None if s is None else s.value for name, s in domain.items()}),
+                                  coverage=covered.value if covered else None,
+                                  domain={name: None if s is None else s.value for name, s in domain.items() if name != "coverage"}),
             blame={name: s.blame for name, s in domain.items() if s is not None and s.blame},
             total=total, passed=result.status == Status.passed, status=result.status,
             diagnostics=([analysis.syntax_error] if analysis.syntax_error else []) + (diagnostics or []),

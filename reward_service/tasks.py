@@ -88,11 +88,17 @@ class Task(BaseModel):
             overrides["memory_mb"] = max(limits.memory_mb, self.memory_mb)
         return limits.model_copy(update=overrides) if overrides else limits
 
-    def execution_request(self, program: str, limits: Limits) -> ExecutionRequest:
-        """The sandbox request that runs `program` against this task's tests."""
+    def execution_request(self, program: str, limits: Limits, coverage: bool = False) -> ExecutionRequest:
+        """The sandbox request that runs `program` against this task's tests (`coverage`: recording
+        the program's lines that run, where the sandbox measures them)."""
         return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
-                                entry_point=self.request_entry_point,
-                                language=self.language, match=self.match, limits=self.run_limits(limits))
+                                entry_point=self.request_entry_point, language=self.language, match=self.match,
+                                limits=self.run_limits(limits), coverage=coverage and self.measures_coverage)
+
+    @property
+    def measures_coverage(self) -> bool:
+        """Whether the sandbox records which lines of a program ran: Python's, whatever its tests."""
+        return self.language == "python"
 
 
 Record = dict[str, Any]

@@ -22,6 +22,11 @@ class RewardWeights(BaseModel):
         0.0, ge=0,
         description="Weight of the performance component (0: the reference is not timed and performance is not reported).",
     )
+    coverage: float = Field(
+        0.0, ge=0,
+        description="Weight of the coverage component: the share of the program's executable lines its tests ran "
+        "(Python; as the program's own process reports them; 0: not measured, no tracer runs).",
+    )
     lint_saturation: int = Field(
         5, ge=1, description="Diagnostics at which the lint penalty is full: lint = min(diagnostics, this) / this."
     )

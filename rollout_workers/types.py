@@ -135,10 +135,11 @@ class Rollouts:
 
 
 def domain_means(outcomes: list[ItemReward]) -> dict[str, float]:
-    """Each plugged-in reward component's mean score over the items it scored (component_<name>_mean)."""
+    """The coverage's and each plugged-in reward component's mean score over the items it scored
+    (component_<name>_mean)."""
     scores: dict[str, list[float]] = {}
     for r in outcomes:
-        for name, value in r.components.domain.items():
+        for name, value in {"coverage": r.components.coverage, **r.components.domain}.items():
             if value is not None:
                 scores.setdefault(name, []).append(value)
     return {f"component_{name}_mean": sum(v) / len(v) for name, v in scores.items()}

@@ -28,7 +28,7 @@ from sandbox_pool.pool import DockerSandbox
 from sandbox_pool.process_backend import ANSWER_MARGIN_S, request_frames
 from sandbox_pool.protocol import split_frame
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
-from sandbox_pool.verdict import classify
+from sandbox_pool.verdict import classify, executed_lines
 
 LABEL = "coderloo.sandbox"  # every sandbox container carries it; its value is the owning backend's `owner`
 # What the executor needs: switch uids, signal the sandbox users, clean the scratch dirs, and
@@ -201,8 +201,10 @@ class DockerBackend:
                                             request.effective_limits.wall_timeout_s + ANSWER_MARGIN_S)
             status, detail, tests = classify(report, request)
             recycle = recycle or status in RECYCLE_STATUSES or bool(report.get("anomaly"))
-            return ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests,
-                                         stdout=report.get("stdout", ""), stderr=report.get("stderr", ""))
+            result = ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests,
+                                           stdout=report.get("stdout", ""), stderr=report.get("stderr", ""))
+            result.lines_executed = executed_lines(report, request)
+            return result
         except Exception as e:
             recycle = True
             detail = ("the sandbox container did not answer in time" if isinstance(e, asyncio.TimeoutError)

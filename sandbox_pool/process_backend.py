@@ -35,7 +35,7 @@ from typing import IO
 
 from sandbox_pool.protocol import SANDBOX_ENV, SANDBOX_GID, SANDBOX_UID, frame, split_frame
 from sandbox_pool.results import ExecutionRequest, ExecutionResult, Status
-from sandbox_pool.verdict import classify
+from sandbox_pool.verdict import classify, executed_lines
 
 # The fork server by the name the executor image gives it, run from its folder (fork_server.py).
 SCRIPTS = str(Path(__file__).parent)
@@ -94,6 +94,7 @@ class ForkServer:
             detail += "; stderr ends with: " + stderr.strip().splitlines()[-1]
         result = ExecutionResult.build(len(request.tests), status, detail, started=started, tests=tests, stdout=stdout,
                                        stderr=stderr)
+        result.lines_executed = executed_lines(report, request)
         result.isolation_missing = sorted(self.isolation.get("missing", {}))
         return result
 
@@ -220,7 +221,7 @@ async def _silence(process: subprocess.Popen, log: IO[bytes]) -> str:
 def request_frames(request: ExecutionRequest) -> bytes:
     """The two frames a supervisor reads: what the program may know, then the tests (see supervisor.py)."""
     head = {"language": request.language, "kind": request.test_kind, "program": request.program,
-            "limits": request.effective_limits.model_dump()}
+            "limits": request.effective_limits.model_dump(), "coverage": request.coverage}
     tail = {"tests": [t if isinstance(t, str) else t.model_dump() for t in request.tests], "test_setup": request.test_setup,
             "entry_point": request.entry_point, "match": request.match.model_dump()}
     return frame(head) + frame(tail)

@@ -120,6 +120,8 @@ class ExecutionRequest(BaseModel):
     language: Literal["python", "cpp", "javascript"] = "python"
     match: OutputMatch = Field(default_factory=OutputMatch, description="how outputs and call results are compared")
     limits: Limits = Field(default_factory=Limits)
+    coverage: bool = Field(False, description="python: record the lines of the program the run executed, over all its "
+                           "tests (ExecutionResult.lines_executed), for the coverage reward term; off: no tracer runs")
 
     @property
     def test_kind(self) -> Literal["assert", "stdio", "call"]:
@@ -183,6 +185,9 @@ class ExecutionResult(BaseModel):
     stdout: str = Field("", description="the tail of the program's stdout")
     stderr: str = Field("", description="the tail of the program's stderr")
     detail: str = Field("", description="why the status is what it is, for humans")
+    lines_executed: list[int] | None = Field(
+        None, description="with coverage: the program's lines its run executed, as its own process reported them "
+        "(it could claim more); null when not measured")
     isolation_missing: list[str] = Field(
         default_factory=list, description="layers of isolation the run went without, which the pool's config "
         "accepted (the process backend's weaker_isolation); empty: all of them")

@@ -53,6 +53,7 @@ MAX_DEPTH = 100  # nesting of a plain value
 # with it on its own only makes its case read as out of memory: worse for it, never better.
 MEMORY_EXIT = 120
 LAZY_ANNOTATIONS = __future__.annotations.compiler_flag
+LINES_WAIT_S = 2.0  # for the program's process to send the lines it ran, after the last test
 
 
 # ---- plain values ----
@@ -142,14 +143,30 @@ def describe(error: BaseException) -> str:
 
 # ---- the program's side ----
 
-def serve_program(program: str, channel: int, lazy_annotations: bool = False, case_cpu_s: int | None = None) -> None:
+def line_tracer(lines: set):
+    """A sys.settrace function that adds to `lines` each line of the program's code ("<program>")
+    that runs, and traces nothing else."""
+    def local(frame, event, arg):
+        if event == "line":
+            lines.add(frame.f_lineno)
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code.co_filename == "<program>" else None
+    return calls
+
+
+def serve_program(program: str, channel: int, lazy_annotations: bool = False, case_cpu_s: int | None = None,
+                  coverage: bool = False) -> None:
     """Run the program, then answer the tester's calls until it hangs up. Ends the process.
 
     `lazy_annotations` (call cases): the program is compiled as under `from __future__ import
     annotations`, so LeetCode's starter signatures (`nums: List[int]`) need no typing import,
     as the graders that prepend `from typing import *` give them; the source is unchanged.
     `case_cpu_s` (call cases with a time limit): each call may use that much CPU time of its own,
-    its soft RLIMIT_CPU set that far above what the process has used (SIGXCPU past it)."""
+    its soft RLIMIT_CPU set that far above what the process has used (SIGXCPU past it).
+    `coverage`: the program's lines that run, from its load on, are recorded (line_tracer) and
+    given to the tester when it asks ({"op": "lines"}) at the end."""
     namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
     objects: list = []  # what references point to
 
@@ -158,11 +175,14 @@ def serve_program(program: str, channel: int, lazy_annotations: bool = False, ca
         return len(objects) - 1
 
     wanted = read_frame(channel)["names"]
+    executed: set = set()
     try:
         code = compile(program, "<program>", "exec", flags=LAZY_ANNOTATIONS if lazy_annotations else 0)
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
         load = {"status": "syntax_error", "detail": describe(e)}
     else:
+        if coverage:
+            sys.settrace(line_tracer(executed))
         try:
             exec(code, namespace)
             load = {"status": "ok", "detail": ""}
@@ -182,6 +202,11 @@ def serve_program(program: str, channel: int, lazy_annotations: bool = False, ca
             message = read_frame(channel)
         except EOFError:
             break
+        if message == {"op": "lines"}:
+            sys.settrace(None)
+            flush_output()
+            send_frame(channel, {"lines": sorted(executed)})
+            continue
         try:
             target = objects[message["ref"]]
             if message["op"] == "call":
@@ -211,14 +236,16 @@ def _allow_cpu(seconds: int) -> None:
 
 # ---- stdin/stdout cases: the program's side ----
 
-def serve_cases(program: str, control: int) -> None:
+def serve_cases(program: str, control: int, coverage: bool = False) -> None:
     """Compile the program once, then run it once per case, each time in a fork of this process
     (no interpreter start per case, and no case sees another's state). The supervisor sends a
     case as one message on `control` (a SOCK_SEQPACKET socket) carrying three descriptors: the
     case's stdin, stdout and stderr pipes. This process forks the run, sends back a pidfd of it
     (the supervisor ends a case that overstays its time limit with it), waits for it and reports
     how it ended. It never sees an expected output: the supervisor compares outside. Ends the
-    process when the supervisor closes its end."""
+    process when the supervisor closes its end. `coverage`: each case's run records the program's
+    lines that ran (line_tracer) and writes them on a pipe of its own as it ends; they come with
+    the report of how it ended."""
     sock = socket.socket(fileno=control)
     try:
         code = compile(program, "<program>", "exec")
@@ -230,31 +257,63 @@ def serve_cases(program: str, control: int) -> None:
         message, fds, _, _ = socket.recv_fds(sock, 64, 3)
         if not message or len(fds) != 3:
             break
+        lines_r, lines_w = os.pipe() if coverage else (None, None)
         pid = os.fork()
         if pid == 0:
             sock.close()
-            run_case(code, fds)
+            run_case(code, fds, lines_w)
         for fd in fds:
             os.close(fd)
+        if coverage:
+            os.close(lines_w)
         pidfd = os.pidfd_open(pid)
         socket.send_fds(sock, [b"started"], [pidfd])
         os.close(pidfd)
         _, status, usage = os.wait4(pid, 0)
-        sock.send(json.dumps({
+        ended = {
             "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "cpu_s": usage.ru_utime + usage.ru_stime,
-        }).encode())
+        }
+        if coverage:
+            ended["lines"] = read_lines(lines_r)
+        sock.send(json.dumps(ended).encode())
     os._exit(0)
 
 
-def run_case(code, fds: list) -> None:
+LINES_BYTES = 60_000  # the most a case's run writes of its lines: under a pipe's 64 KiB, so it never waits
+
+
+def read_lines(fd: int) -> list | None:
+    """A case's lines (run_case's coverage) from the pipe it wrote them on before it ended; None
+    when it wrote none (it died first, or exited by os._exit) or something that is not a list."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, LINES_BYTES + 1)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    try:
+        lines = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return lines if isinstance(lines, list) else None
+
+
+def run_case(code, fds: list, lines_fd: int | None = None) -> None:
     """One case's run, in a fresh fork: its pipes as stdin, stdout and stderr and no other
-    descriptor, the program as __main__, and its exit status as a judge reads it (0 after the
-    program ran to its end or called exit(0))."""
+    descriptor (but `lines_fd`, as 3, where the lines it ran go with coverage), the program as
+    __main__, and its exit status as a judge reads it (0 after the program ran to its end or
+    called exit(0))."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
-    os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    if lines_fd is not None:
+        os.dup2(lines_fd, 3)
+    os.closerange(3 if lines_fd is None else 4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    executed: set = set()
+    if lines_fd is not None:
+        sys.settrace(line_tracer(executed))
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace")
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
@@ -272,7 +331,15 @@ def run_case(code, fds: list) -> None:
         except BaseException:
             pass
         code_out = 1
+    sys.settrace(None)
     flush_output()
+    if lines_fd is not None:
+        data = json.dumps(sorted(executed)).encode()
+        if len(data) <= LINES_BYTES:
+            try:
+                os.write(3, data)
+            except OSError:
+                pass
     os._exit(code_out)
 
 
@@ -373,6 +440,17 @@ class Link:
     def back(self, data):
         return decode(data, lambda ref: Remote(self, ref) if type(ref) is int else None)
 
+    def lines(self):
+        """The program's lines that ran (serve_program's coverage); None when it does not answer at once."""
+        try:
+            send_frame(self.channel, {"op": "lines"})
+            if not select.select([self.channel], [], [], LINES_WAIT_S)[0]:
+                return None
+            reply = read_frame(self.channel)
+        except (OSError, EOFError, ValueError):
+            return None
+        return reply.get("lines") if type(reply) is dict else None
+
     def ask(self, message: dict):
         if self.gone:
             raise ProgramGone("the program is no longer running")
@@ -422,7 +500,10 @@ def run_tests(request: dict, channel: int, send) -> dict:
     finished counts even if the run's deadline ends it); the run's end record, {"load", "lost"}."""
     link = Link(channel, send)
     try:
-        return _run_tests(request, link)
+        record = _run_tests(request, link)
+        if request.get("coverage") and record["load"]["status"] == "ok" and not link.gone:
+            record["lines"] = link.lines()
+        return record
     finally:
         link.send_unsent()
 

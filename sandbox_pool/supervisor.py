@@ -166,8 +166,9 @@ class Run:
         # soft RLIMIT_CPU moved up before it) under a hard limit the whole run's wall time bounds.
         case_cpu_s = self.limits["cpu_time_s"] if calls and self.limits.get("case_timeout_s") else None
         cpu_hard = max(case_cpu_s, math.ceil(self.limits["wall_timeout_s"])) + 1 if case_cpu_s else None
+        coverage = self.head.get("coverage") is True
         program_body = lambda: runner.serve_program(self.head["program"], 3, lazy_annotations=calls,  # noqa: E731
-                                                     case_cpu_s=case_cpu_s)
+                                                     case_cpu_s=case_cpu_s, coverage=coverage)
         if self.iso.root:
             # One PID namespace for the run, whose /proc the tester mounts at the root's (in the
             # run's mount namespace): the tester is its init (never in the run's cgroups: the
@@ -191,15 +192,17 @@ class Run:
         try:
             send_frame(tests_w, {"tests": tail["tests"], "test_setup": tail["test_setup"], "entry_point": tail["entry_point"],
                                  "kind": self.head.get("kind", "assert"), "match": tail.get("match") or DEFAULT_MATCH,
-                                 "case_timeout_s": self.limits.get("case_timeout_s")})
+                                 "case_timeout_s": self.limits.get("case_timeout_s"), "coverage": coverage})
         except OSError:
             pass  # the tester is gone; its missing record says so
         os.close(tests_w)
         watched = self.watch({program: "program", tester: "tester"}, until="tester", records=[record_r])
         if watched is None:
             return None
-        report = self.report(watched, tester=runner.read_record(watched["records"][record_r]))
+        record = runner.read_record(watched["records"][record_r])
+        report = self.report(watched, tester=record)
         report["tester_process"] = watched["processes"].get("tester")
+        report["lines"] = record.get("lines") if coverage and record else None
         return report
 
     def executable(self):
@@ -281,7 +284,8 @@ class Run:
         control, control_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.enter_run_namespaces()
         program = self.head["program"]
-        server = self.fork(lambda: self.become_sandbox(control_theirs.fileno(), lambda: runner.serve_cases(program, 3)),
+        coverage = self.head.get("coverage") is True
+        server = self.fork(lambda: self.become_sandbox(control_theirs.fileno(), lambda: runner.serve_cases(program, 3, coverage)),
                            new_pid_namespace=self.iso.pid_namespace)
         control_theirs.close()
         self.close_output_ends()
@@ -313,6 +317,7 @@ class Run:
             "stdout": (failing or {}).pop("stdout", ""), "stderr": (failing or {}).pop("stderr", ""),
             "load": {"status": str(load["status"]), "detail": str(load.get("detail", ""))[:runner.ERROR_CHARS]},
             "cases": [{k: v for k, v in o.items() if k not in ("stdout", "stderr")} for o in outcomes],
+            "lines": sorted(cases.lines) if coverage and cases.lines is not None else None,
         }
 
     def oom_count(self) -> int:
@@ -625,6 +630,7 @@ class Cases:
         self.server_fd = os.pidfd_open(server)
         control.setblocking(False)
         self.gone = False  # the case server ended or broke its protocol: no more cases
+        self.lines: set[int] | None = None  # with coverage: the program's lines that ran, over the cases that said
 
     def receive(self, deadline: float | None = None):
         """The case server's next message: a dict (JSON) or ("started", pidfd); None when it ended,
@@ -642,7 +648,7 @@ class Cases:
         and so does its end (it is then gone). `first_only`: what comes with the message is left unread."""
         def message(fd):
             try:
-                data, fds, _, _ = socket.recv_fds(self.control, 4096, 1)
+                data, fds, _, _ = socket.recv_fds(self.control, runner.LINES_BYTES + 4096, 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -714,6 +720,8 @@ class Cases:
         ended = answers[0] if answers and isinstance(answers[0], dict) else None
         if ended is None:
             self.gone = True  # the case server did not say how the case ended
+        elif isinstance(ended.get("lines"), list):
+            self.lines = (self.lines or set()) | {n for n in ended["lines"] if type(n) is int and n > 0}
         seen = CaseSeen("python", ended or {}, run.output[run.stdout], run.output[run.stderr], timed_out=wait.timed_out,
                         case_limit=deadline < run.deadline, oom=run.oom_count() > oom_before,
                         output_exceeded=run.output_exceeded, output_bytes=run.output_bytes - written_before)

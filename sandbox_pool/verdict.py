@@ -140,3 +140,19 @@ def _signal_name(number: int) -> str:
         return f"{signal.Signals(number).name} (signal {number})"
     except ValueError:
         return f"signal {number}"
+
+
+MAX_LINES = 100_000  # more line numbers than any program the service takes has lines
+
+
+def executed_lines(report: dict, request: ExecutionRequest) -> list[int] | None:
+    """With `request.coverage`, the program's lines its run executed, as its process told the
+    tester or each case's run told the case server (runner.line_tracer). Those processes are the
+    program's: a program that looked for the tracer's data could claim lines it never ran, so this
+    is a shaping signal, never a verdict. None where it was not measured (coverage off, C++ and
+    JavaScript, a run that ended before the tester asked, or an answer that is not a list of line
+    numbers)."""
+    lines = report.get("lines") if request.coverage else None
+    if not isinstance(lines, list) or len(lines) > MAX_LINES or not all(type(n) is int and n > 0 for n in lines):
+        return None
+    return sorted(set(lines))

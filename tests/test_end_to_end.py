@@ -227,22 +227,26 @@ def test_the_kl_reference_starts_at_the_sft_policy_and_follows_the_policy_every_
 
 def test_a_plugged_in_reward_component_reaches_the_metrics_and_the_report_and_one_that_raises_stops_the_run(
         ray_cluster, tiny_model, tmp_path):
-    """configs/dataflow.yaml (CodeBLEU's data-flow match with the reference, with dense rewards) on
-    a short run: each step's record has the samples' mean score, the report's data charts it. The
+    """configs/dataflow.yaml (CodeBLEU's data-flow match with the reference, with dense rewards) and
+    the coverage term on a short run: each step's record has the samples' mean score of each, the
+    report's data charts them. The
     same run with a component that raises (json.loads given a Scored item) stops at its first step,
     naming it: no program is scored 0 for it."""
     from coderloo.report import report_data
 
-    short = [f"model.path={tiny_model}", "sft.steps=20", "sft.batch_size=16", "train.steps=2", "train.prompts_per_step=4",
+    short = [f"model.path={tiny_model}", "sft.steps=80", "sft.batch_size=16", "train.steps=2", "train.prompts_per_step=4",
              "train.eval_every=0", "train.checkpoint_every=0", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16",
              "learner.advantage.filter_uninformative=false", "tasks.max_eval_tasks=4", "eval.sampled=false"]
     out = tmp_path / "dataflow"
-    train(load_config("configs/dataflow.yaml", [*short, f"train.output_dir={out}"]))
+    # with the coverage term too: the sandbox records the lines each program's tests ran (the SFT
+    # warm-up is long enough for programs that compile and run)
+    train(load_config("configs/dataflow.yaml", [*short, f"train.output_dir={out}", "reward.weights.coverage=0.1"]))
     rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2]
-    assert all(0.0 < r["component_dataflow_mean"] <= 1.0 for r in rl)
+    assert all(0.0 < r["component_dataflow_mean"] <= 1.0 and 0.0 < r["component_coverage_mean"] <= 1.0 for r in rl)
     assert all(r["dense_advantage_abs_mean"] > 0 for r in rl)
-    assert report_data(out)["train"]["components"] == {"dataflow": [r["component_dataflow_mean"] for r in rl]}
+    assert report_data(out)["train"]["components"] == {
+        name: [r[f"component_{name}_mean"] for r in rl] for name in ("coverage", "dataflow")}
 
     broken = "reward.components=[{name: broken, path: 'json:loads', weight: 0.1}]"
     with pytest.raises(Exception, match=r"reward component 'broken' \(json:loads\) on task \S+ raised TypeError") as error:

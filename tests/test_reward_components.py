@@ -193,3 +193,35 @@ def test_the_dataflow_score_is_the_same_in_every_process():
     scores = {subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(ROOT)},
                              capture_output=True, text=True, check=True).stdout.strip() for seed in range(6)}
     assert scores == {"1.0"}
+
+
+def test_coverage_is_the_share_of_executable_lines_the_tests_ran_and_blames_the_others(tiny_model):
+    """By hand: `def solve`, `if`, both returns are the executable lines (the docstring is not); the
+    tests ran 3 of them. Weight 0.4: the total adds 0.3, and the tokens of the untested `return 0`
+    lose the shortfall 0.1."""
+    from reward_service.scorer import analyse, coverage, executable_lines
+
+    tokenizer = load_tokenizer(tiny_model)
+    completion = "    if x > 0:\n        return x + 1\n    return 0\n"
+    program = TASK.prompt + completion
+    assert executable_lines(compile(program, "<program>", "exec")) == {1, 3, 4, 5}
+    assert coverage(program, None) is None and coverage("def f(:\n", [1]) is None
+    covered = coverage(program, [1, 3, 4])
+    assert covered.value == 0.75 and [(d.row, d.column, d.end_column) for d in covered.blame] == [(5, 5, 13)]
+    weights = RewardWeights(coverage=0.4)
+    result = ExecutionResult(status=Status.passed, tests=[{"passed": True}], num_tests=1, duration_s=0.0, lines_executed=[1, 3, 4])
+    reward = RewardScorer(None, Limits(), weights).reward(TASK, analyse(TASK, completion), result, None)
+    assert reward.components.coverage == 0.75 and reward.components.domain == {}
+    assert reward.total == pytest.approx(0.1 + 1.0 + 0.3)
+    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    values, penalties = token_rewards(TASK, completion, reward, ids, tokenizer, weights)
+    ends = token_end_offsets(ids, tokenizer)
+    start = completion.index("return 0")
+    hit = [i for i, (s, e) in enumerate(zip([0] + ends[:-1], ends)) if s < start + len("return 0") and e > start]
+    assert hit and all(p == pytest.approx(-0.1 / len(hit)) for i, p in enumerate(penalties) if i in hit)
+    assert all(p == 0.0 for i, p in enumerate(penalties) if i not in hit)
+    assert sum(values) == pytest.approx(reward.total)
+    # off (the default): the sandbox is not asked, and nothing is added
+    assert not TASK.execution_request(program, Limits()).coverage and TASK.execution_request(program, Limits(), coverage=True).coverage
+    plain = RewardScorer(None, Limits(), RewardWeights()).reward(TASK, analyse(TASK, completion), result, None)
+    assert plain.components.coverage is None and plain.total == pytest.approx(1.1)

@@ -55,7 +55,8 @@ def test_scores_over_http_with_token_rewards(service, tiny_model):
     assert r.status_code == 200, r.text
     right, wrong = r.json()["items"]
     assert right["passed"] and right["status"] == "passed" and right["total"] == pytest.approx(1.1)
-    assert right["components"] == {"syntax": 1.0, "functionality": 1.0, "lint": 0.0, "performance": None, "domain": {}}
+    assert right["components"] == {"syntax": 1.0, "functionality": 1.0, "lint": 0.0, "performance": None, "coverage": None,
+                                   "domain": {}}
     assert len(right["token_rewards"]) == len(ids) and sum(right["token_rewards"]) == pytest.approx(1.1)
     assert not wrong["passed"] and wrong["components"]["lint"] == 0.2 and wrong["token_rewards"] is None
     assert [d["code"] for d in wrong["diagnostics"]] == ["F401"]

@@ -15,7 +15,8 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from sandbox_pool import ExecutionRequest, ExecutionResult, ForkServer, Limits, PoolSettings, SandboxPool, Status
+from sandbox_pool import (CallTest, ExecutionRequest, ExecutionResult, ForkServer, IOTest, Limits, PoolSettings, SandboxPool,
+                          Status)
 from sandbox_pool.process_backend import BOOT
 
 SANDBOX_UID = 65534
@@ -109,6 +110,29 @@ def test_tests_see_the_program_as_its_own_module_would():
     # without an entry point no program name shadows a builtin: the tests' `sum` is Python's
     result = run(program, tests, test_setup="root = Node(1)\nroot.left = Node(2)\n")
     assert [t.passed for t in result.tests] == [False, True, True, True, True]
+
+
+COVERED = "def f(x):\n    if x > 0:\n        return 1\n    return -1\n\ndef unused():\n    return 5\n"
+
+
+def test_coverage_records_the_lines_the_tests_ran_and_only_when_asked():
+    """The lines of the program that ran, its load and every call from the tests (assert and call
+    tests alike, passed or failed); nothing of the tester's or the runner's own code."""
+    assert run(COVERED, ["assert f(3) == 1"]).lines_executed is None  # off: no tracer
+    on = {"program": COVERED, "coverage": True}
+    assert asyncio.run(SERVER.execute(ExecutionRequest(**on, tests=["assert f(3) == 1"]))).lines_executed == [1, 2, 3, 6]
+    failed = asyncio.run(SERVER.execute(ExecutionRequest(**on, tests=["assert f(-3) == 1"])))
+    assert failed.status is Status.failed and failed.lines_executed == [1, 2, 4, 6]
+    calls = [CallTest(args=[3], accepted=[1]), CallTest(args=[-1], accepted=[-1])]
+    called = asyncio.run(SERVER.execute(ExecutionRequest(**on, tests=calls, entry_point="f")))
+    assert called.status is Status.passed and called.lines_executed == [1, 2, 3, 4, 6]
+    # stdin/stdout: each case's run reports its lines; a case killed at its limit reports none
+    cases = [IOTest(stdin="1", stdout="1"), IOTest(stdin="2", stdout="2"), IOTest(stdin="0", stdout="0")]
+    stdio = asyncio.run(SERVER.execute(ExecutionRequest(
+        program="n = int(input())\nif n == 1:\n    print(1)\nelif n == 2:\n    print(2)\nelse:\n    while True:\n        pass\n",
+        tests=cases, coverage=True, limits=Limits(case_timeout_s=0.5))))
+    assert [t.passed for t in stdio.tests] == [True, True, False] and stdio.lines_executed == [1, 2, 3, 4, 5]
+    assert asyncio.run(SERVER.execute(ExecutionRequest(program="print(input())\n", tests=cases[:1]))).lines_executed is None
 
 
 def test_syntax_error():

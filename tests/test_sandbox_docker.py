@@ -67,10 +67,17 @@ def test_statuses_forgeries_and_cpp_in_containers():
             tests=[IOTest(stdin="1 2", stdout="3"), IOTest(stdin="40 2", stdout="42")], limits=Limits(wall_timeout_s=20)),
          Status.passed),
         (ExecutionRequest(program=add, tests=["assert add(2, 2) == 4"]), Status.passed),  # healthy after all that
+        # coverage: the lines that ran, as in the process backend (tests/test_sandbox.py)
+        (ExecutionRequest(program="def f(x):\n    if x > 0:\n        return 1\n    return -1\n", tests=["assert f(3) == 1"],
+                          coverage=True), Status.passed),
+        (ExecutionRequest(program="n = int(input())\nif n == 1:\n    print(1)\nelse:\n    print(0)\n",
+                          tests=[IOTest(stdin="1", stdout="1")], coverage=True), Status.passed),
     ]
     results, backend = run_all([r for r, _ in cases])
     for (request, expected), result in zip(cases, results):
         assert result.status is expected, (request.program[:60], result.detail, result.stderr[-300:])
+    assert results[-2].lines_executed == [1, 2, 3] and results[-1].lines_executed == [1, 2, 3]
+    assert results[0].lines_executed is None
     assert backend.recycled >= 2  # the timeout and the memory kill each replaced their container
     assert labelled_containers(backend.owner) == []  # close() left nothing behind
 
