@@ -234,7 +234,7 @@ class Learner(WeightSource):
                 ref.mul_(1.0 - mix).add_(policy[name].to(ref.dtype), alpha=mix)
 
     def _reference_logprobs(self, batch: PackedBatch, temperature: float) -> torch.Tensor:
-        """The KL reference's logprobs: the frozen copy, or with LoRA the policy with its adapter off."""
+        """The KL reference's logprobs: its own copy, or with LoRA the policy with its adapter off."""
         if self.reference is not None:
             return self._logprobs(self.reference, batch, temperature)
         with lora.reference_disabled(self.engine.module):
