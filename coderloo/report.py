@@ -65,13 +65,7 @@ def report_data(run_dir: Path) -> dict:
         "span": _span(times),
         "highlights": _highlights(run_dir / "config.yaml"),
         "summary": _summary(run_dir / "summary.json"),
-        "train": {"step": [r["step"] for r in rl], "reward_mean": _column(rl, "reward_mean"), "pass_rate": _column(rl, "pass_rate"),
-                  "entropy": _column(rl, "entropy"), "clip_fraction_low": _column(rl, "clip_fraction_low"),
-                  "clip_fraction_high": _column(rl, "clip_fraction_high"),
-                  "explained_variance": _column(rl, "explained_variance"), "value_loss": _column(rl, "value_loss"),
-                  # the plugged-in reward components' mean scores (reward.components)
-                  "components": {key.removeprefix("component_").removesuffix("_mean"): _column(rl, key)
-                                 for key in dict.fromkeys(k for r in rl for k in r if k.startswith("component_") and k.endswith("_mean"))}},
+        "train": _train(rl),
         "sft": {"step": [r["step"] for r in sft], "loss": _column(sft, "sft_loss")},
         "evals": [{"label": _eval_label(r), **{k: _number(v) for k, v in r.items() if k.startswith(("pass@", "greedy_pass@"))}}
                   for r in evals],
@@ -80,6 +74,15 @@ def report_data(run_dir: Path) -> dict:
         "by_family": _breakdown(evals, "by_family", key=str),
         "samples": [_sample(r) for r in samples[-SAMPLE_STEPS:]][::-1],
     }
+
+
+def _train(rl: list[dict]) -> dict:
+    """The RL steps' series: reward and pass rate, entropy, clipping, PPO's value model, and the mean
+    score of coverage and of each plugged-in reward component (component_<name>_mean)."""
+    columns = ("reward_mean", "pass_rate", "entropy", "clip_fraction_low", "clip_fraction_high", "explained_variance", "value_loss")
+    components = dict.fromkeys(k for r in rl for k in r if k.startswith("component_") and k.endswith("_mean"))
+    return {"step": [r["step"] for r in rl], **{key: _column(rl, key) for key in columns},
+            "components": {key.removeprefix("component_").removesuffix("_mean"): _column(rl, key) for key in components}}
 
 
 def render(data: dict) -> str:

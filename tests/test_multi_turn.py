@@ -167,9 +167,11 @@ def test_multi_turn_training_run(ray_cluster, tiny_model, tmp_path):
     config = load_config("configs/default.yaml", [
         f"model.path={tiny_model}", f"train.output_dir={out}",
         "env.name=refine", f"env.max_turns={ROUNDS}", "env.train_as=concat", "env.turn_cost=0.05", "sft.demonstrations=0.5",
-        "sft.steps=2", "sft.batch_size=8", "train.steps=2", "train.prompts_per_step=2", "train.eval_every=0", "train.checkpoint_every=0",
-        f"rollout.samples_per_prompt={K}", "rollout.max_new_tokens=16",
-        # a trajectory's KL sums its attempts; after SFT, it sets the trajectories apart even where all fail
+        # enough SFT for attempts that compile: their syntax rewards set a group's trajectories apart at
+        # the first step, where the KL to the reference (the policy RL starts from) is 0
+        "sft.steps=60", "sft.batch_size=16", "train.steps=2", "train.prompts_per_step=4", "train.eval_every=0",
+        "train.checkpoint_every=0", f"rollout.samples_per_prompt={K}", "rollout.max_new_tokens=16",
+        # a trajectory's KL sums its attempts; from the second step on, it sets the trajectories apart too
         "learner.optimizer_steps=1", "learner.kl.coef=0.05", "learner.kl.into=reward",
         "learner.advantage.filter_uninformative=false",
         "tasks.max_eval_tasks=3", "eval.samples_per_task=2", "eval.k=[1]", "eval.greedy=false",
