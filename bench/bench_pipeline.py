@@ -25,7 +25,11 @@ spends besides its parts.
 
 Then the same pair with the roles on CPUs of their own (configs/async-pinned.yaml: scoring on one
 core, generation, the learner and the driver on the other), BENCH_PIPELINE_PINNED_REPEATS runs
-each: what the overlap buys where the roles do not take each other's cores.
+each: what the overlap buys where the roles do not take each other's cores. Then, pinned too and
+with one optimizer step per batch (what streaming needs), the asynchronous run against the same
+with train.stream_groups, BENCH_PIPELINE_STREAM_REPEATS runs each: what starting the learner on a
+step's first scored groups buys. The learner's idle fraction is 1 - its own time at the steps'
+work / the steps' time (a streamed step's work begins before its rollouts are all in).
 """
 from __future__ import annotations
 
@@ -58,8 +62,13 @@ STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "20"))
 TIMELINE = {"step": "time_step_s", "generation (scoring alongside)": "time_generate_s", "scoring after generation": "time_score_tail_s",
             "learning": "time_learn_s", "push": "time_sync_s"}
 REPEATS = int(os.environ.get("BENCH_PIPELINE_REPEATS", "3"))
-MODES = {mode: {"sync": 0, "async": 1}[mode] for mode in os.environ.get("BENCH_PIPELINE_MODES", "sync async").split()}
+# mode: (train.max_staleness, its overrides)
+MODES = {mode: {"sync": (0, ()), "async": (1, ())}[mode] for mode in os.environ.get("BENCH_PIPELINE_MODES", "sync async").split()}
 PINNED_REPEATS = int(os.environ.get("BENCH_PIPELINE_PINNED_REPEATS", "2"))
+STREAM_REPEATS = int(os.environ.get("BENCH_PIPELINE_STREAM_REPEATS", "2"))
+# streaming needs one optimizer step per batch; both rows take one
+STREAM_MODES = {"async": (1, ("learner.optimizer_steps=1",)),
+                "stream": (1, ("learner.optimizer_steps=1", "train.stream_groups=true"))}
 PRESETS = {"default": "configs/default.yaml", "pinned": "configs/async-pinned.yaml"}
 PARTS_REPEATS = 3
 PARTS = ("generation", "scoring", "learning", "push")
@@ -72,8 +81,8 @@ def bench_config(staleness: int, out: str, preset: str = "default", overrides: t
     ])
 
 
-def run(staleness: int, out: str, preset: str = "default") -> dict:
-    config = bench_config(staleness, out, preset)
+def run(staleness: int, out: str, preset: str = "default", overrides: tuple[str, ...] = ()) -> dict:
+    config = bench_config(staleness, out, preset, overrides)
     summary = train(config)
     rl = [r for r in read_metrics(f"{out}/metrics.jsonl") if r["phase"] == "rl"]
     step_time = sum(r["time_step_s"] for r in rl)
@@ -83,7 +92,7 @@ def run(staleness: int, out: str, preset: str = "default") -> dict:
         "timeline": parts,
         "last_steps_s": last,
         "samples_per_s": sum(r["samples"] for r in rl) / step_time,
-        "learner_idle": 1 - sum(r["time_learn_s"] for r in rl) / step_time,
+        "learner_idle": 1 - sum(r["time_learner_busy_s"] for r in rl) / step_time,
         "rl_seconds": step_time,
         "pass@1": summary["final"]["pass@1"],
         "greedy_pass@1": summary["final"]["greedy_pass@1"],
@@ -144,26 +153,27 @@ def parts_alone(out: str) -> dict[str, float]:
     return {part: statistics.median(values) for part, values in times.items()}
 
 
-def pair(root: str, preset: str, repeats: int) -> tuple[dict, list[dict]]:
-    """MODES of `preset`, `repeats` alternating runs each: their runs, printed, and the figure
-    of async against sync."""
+def pair(root: str, preset: str, repeats: int, modes: dict = MODES, label: str = "") -> tuple[dict, list[dict]]:
+    """`modes` of `preset`, `repeats` alternating runs each: their runs, printed, and the figure
+    of the second mode against the first."""
     suffix = "" if preset == "default" else f"-{preset}"
-    runs = alternating(repeats, {mode: lambda i, mode=mode, s=staleness: run(s, f"{root}/{mode}{suffix}-{i}", preset)
-                                 for mode, staleness in MODES.items()})
+    runs = alternating(repeats, {mode: lambda i, mode=mode, s=staleness, o=overrides: run(s, f"{root}/{mode}{suffix}-{i}", preset, o)
+                                 for mode, (staleness, overrides) in modes.items()})
     median = medians({mode: [{k: v for k, v in r.items() if k != "timeline"} for r in rs] for mode, rs in runs.items()})
-    print(f"pipeline, {PRESETS[preset]}, {STEPS} RL steps each (no mid-run evals), medians of {repeats} runs each")
+    print(f"pipeline, {PRESETS[preset]}{label}, {STEPS} RL steps each (no mid-run evals), medians of {repeats} runs each")
     for mode, r in median.items():
         each = ", ".join(f"{x['samples_per_s']:.1f}" for x in runs[mode])
         print(f"  {mode:5s}  {r['samples_per_s']:6.1f} samples/s (runs: {each})  learner idle {r['learner_idle']:5.1%}  "
               f"RL {r['rl_seconds']:6.0f} s  final pass@1 {r['pass@1']:.3f}  greedy {r['greedy_pass@1']:.3f}")
     figures = []
     if len(median) == 2:
-        ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs["sync"], runs["async"])]
-        print(f"  async / sync: {median['async']['samples_per_s'] / median['sync']['samples_per_s']:.2f}x samples/s "
+        base, other = median
+        ratios = [a["samples_per_s"] / s["samples_per_s"] for s, a in zip(runs[base], runs[other])]
+        print(f"  {other} / {base}: {median[other]['samples_per_s'] / median[base]['samples_per_s']:.2f}x samples/s "
               f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in ratios)})")
-        name = "pipeline" if preset == "default" else f"pipeline {preset}"
-        figures.append(comparison(f"{name}, {STEPS} RL steps, median of {repeats}", "samples/s", "async",
-                                  {mode: r["samples_per_s"] for mode, r in median.items()}, key=f"{name}, async against sync"))
+        name = ("pipeline" if preset == "default" else f"pipeline {preset}") + label
+        figures.append(comparison(f"{name}, {STEPS} RL steps, median of {repeats}", "samples/s", other,
+                                  {mode: r["samples_per_s"] for mode, r in median.items()}, key=f"{name}, {other} against {base}"))
     return runs, figures
 
 
@@ -174,6 +184,8 @@ def main() -> list[dict]:
         figures.append(step_against_parts(root, runs))
     if PINNED_REPEATS:
         figures += pair(root, "pinned", PINNED_REPEATS)[1]
+    if STREAM_REPEATS:
+        figures += pair(root, "pinned", STREAM_REPEATS, STREAM_MODES, " with learner.optimizer_steps 1")[1]
     return figures
 
 

@@ -27,7 +27,7 @@ QUICK = {
     "sandbox": {},
     "reward_service": {},
     "pipeline": {"BENCH_PIPELINE_MODES": "sync", "BENCH_PIPELINE_REPEATS": "1", "BENCH_PIPELINE_STEPS": "8",
-                 "BENCH_PIPELINE_PINNED_REPEATS": "0"},
+                 "BENCH_PIPELINE_PINNED_REPEATS": "0", "BENCH_PIPELINE_STREAM_REPEATS": "0"},
 }
 
 

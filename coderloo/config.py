@@ -169,6 +169,18 @@ class TrainConfig(Section):
         "step waits for it), one over it is dropped, counted in pool_dropped_groups. A checkpoint keeps the tasks of the groups not trained yet, and "
         "--resume generates exactly those first. Needs rollout.update_in_flight. "
         "Not reproducible to the bit (which groups a step takes depends on timing).")
+    stream_groups: bool = Field(
+        default=False,
+        description="The learner starts on a step's groups as they are scored, instead of waiting for the whole "
+        "step: each group's advantages are computed alone and its sequences are laid out in micro-batches and "
+        "backpropagated while the others are still generated and scored (sent as one when the learner is busy); the "
+        "optimizer step waits for the last, its gradients divided then by what only the whole step knows (the loss "
+        "normalizer, the advantages' whitening divisor). The update is the same as without (up to float rounding). "
+        "Needs what can be computed group by group: learner.optimizer_steps 1, zero_stage 0 or 1 in float32, a "
+        "group-baseline estimator, no KL or critic term in the reward (nor a KL term in the loss with whitened "
+        "advantages), no replay, refills or partial rollouts; each refused naming its field. Pays where the learner "
+        "has a device of its own (configs/async-pinned.yaml).",
+    )
     max_refill_rounds: int = Field(
         default=0, ge=0,
         description="Dynamic sampling that refills (DAPO): while fewer than prompts_per_step of a step's groups "
@@ -304,6 +316,33 @@ class Config(Section):
         if not self.rollout.update_in_flight:
             raise ValueError("train.partial_rollouts needs rollout.update_in_flight: the groups that go on generating "
                              "across a push take it in flight (a push that waited for them would wait for the whole pool)")
+        return self
+
+    @model_validator(mode="after")
+    def _stream_groups(self) -> "Config":
+        if not self.train.stream_groups:
+            return self
+        learn, train = self.learner, self.train
+        kl = learn.kl.into if learn.kl is not None else None
+        refused = [
+            (learn.optimizer_steps != 1, f"learner.optimizer_steps={learn.optimizer_steps}: a streamed step is one mini-batch"),
+            (learn.zero_stage > 1, f"learner.zero_stage={learn.zero_stage}: ZeRO-2 and 3 reduce gradients at each backward, "
+             "before the step's normalizer is known; use 0 or 1"),
+            (learn.dtype != "float32", f"learner.dtype={learn.dtype}: DeepSpeed's bf16 optimizer moves gradients out of "
+             "the parameters at each backward; use float32"),
+            (learn.advantage.type in ("ppo", "reinforce_pp"), f"learner.advantage.type={learn.advantage.type}: its "
+             "advantages need the whole batch (values, a batch-wide spread)"),
+            (kl == "reward", "learner.kl.into=reward: the KL to the reference is computed over the whole batch before its advantages"),
+            (kl == "loss" and learn.advantage.normalize, "learner.kl.into=loss with learner.advantage.normalize: the whitening "
+             "divisor is applied to the step's gradients, which would scale the KL term too; set normalize false or drop the KL"),
+            (self.critic.enabled and self.critic.reward_coef > 0, "critic.reward_coef: the critic's term is computed over the whole batch"),
+            (train.replay_groups > 0, "train.replay_groups: replayed groups join the batch once it is whole"),
+            (train.max_refill_rounds > 0, "train.max_refill_rounds: a refill is decided once the step's groups are all scored"),
+            (train.partial_rollouts, "train.partial_rollouts: the pool hands a step its groups at once"),
+        ]
+        for bad, why in refused:
+            if bad:
+                raise ValueError(f"train.stream_groups with {why}")
         return self
 
     @model_validator(mode="after")

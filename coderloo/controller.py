@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import queue
 import random
 import shutil
 import threading
@@ -33,6 +34,7 @@ from coderloo.ops.resources import ResourceSampler
 from coderloo.pool import GroupPool
 from coderloo.report import write_report
 from coderloo.rundir import claim
+from coderloo.stream import GroupStream
 from coderloo.runtime import REPO_ROOT
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
@@ -120,6 +122,7 @@ class Job:
     step: int
     tasks: list
     rollouts: Future
+    scored: queue.SimpleQueue | None = None  # with train.stream_groups, each group as it is scored
 
 
 def in_background(fn, *args) -> Future:
@@ -291,6 +294,7 @@ class Trainer:
         self.jobs: deque[Job] = deque()
         self.replay: GroupReplay | None = None
         self.pool = GroupPool() if config.train.partial_rollouts else None
+        self.stream: GroupStream | None = None  # the step's groups going into the learner (train.stream_groups)
         self.launches = 0  # the pool's, for their seeds
         self.dropped: list[str] = []  # the tasks of the groups the pool dropped this step
         self.first_step = self.next_launch = 1
@@ -370,7 +374,7 @@ class Trainer:
             self.draw.update(group[0].task.id, sum(t.outcome.passed for t in group) / len(group))
         batch, sequences, critic_step = self.batch(step, rollouts)
         rollout_summary = rollouts.summary(self.actors.group.version)
-        stats, t_learn, sync = self.learn(step, sequences)
+        stats, t_learn, sync = self.learn(step, batch, sequences)
         learn = self.config.learner
         record = step_record(step, t0, t_ready, t_learn, self.run_start, self.first_step, self.actors.group.version, rollout_summary,
                              rollouts.metrics, batch.metrics, stats, sync, self.actors.rewards.retries,
@@ -393,9 +397,20 @@ class Trainer:
         else:
             while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
                 tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
-                self.jobs.append(Job(self.next_launch, tasks, in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed)))
+                scored = queue.SimpleQueue() if train.stream_groups else None
+                done = (lambda index, group, scoring_s, scored=scored: scored.put(group)) if scored is not None else None
+                run = in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed, None, done)
+                self.jobs.append(Job(self.next_launch, tasks, run, scored))
                 self.next_launch += 1
-            rollouts = self.jobs.popleft().rollouts.result()
+            job = self.jobs.popleft()
+            if job.scored is not None:
+                self.stream = GroupStream(self.actors.learner, config, step)
+                while not (job.rollouts.done() and job.scored.empty()):  # a run calls `done` for every group before it returns
+                    try:
+                        self.stream.add(job.scored.get(timeout=0.05))
+                    except queue.Empty:
+                        self.stream.pump()
+            rollouts = job.rollouts.result()
         t_job, tail = time.time(), rollouts.metrics.get("time_score_tail_s", 0.0)
         if not train.max_refill_rounds:
             return rollouts, waits(t0, t_job, t_job, tail)
@@ -461,12 +476,15 @@ class Trainer:
         sequences = batch.sequences + (self.replay.reuse(batch.groups) if self.replay is not None else [])
         return batch, sequences, critic_step
 
-    def learn(self, step: int, sequences: list) -> tuple[dict, float, dict]:
-        """One learner step (the next steps' rollouts are being made meanwhile), then the new
-        weights to the rollout workers; no step when every group was uniform."""
+    def learn(self, step: int, batch, sequences: list) -> tuple[dict, float, dict]:
+        """One learner step (the next steps' rollouts are being made meanwhile; with
+        train.stream_groups, the step's streamed groups closed), then the new weights to the
+        rollout workers; no step when every group was uniform."""
         learn, rollout = self.config.learner, self.config.rollout
         stats, sync = {}, {"sync_s": 0.0}
-        if len(sequences) >= learn.optimizer_steps * learn.num_ranks:
+        if self.stream is not None:
+            stats, self.stream = self.stream.close(batch, sequences), None
+        elif len(sequences) >= learn.optimizer_steps * learn.num_ranks:
             stats = self.actors.learner.train_step(sequences, learn.loss, rollout.temperature_at(step), learn.loss_kl_coef(step),
                                                    rollout.max_new_tokens)
         t_learn = time.time()
@@ -545,7 +563,8 @@ def step_record(step, t0, t_ready, t_learn, run_start, first_step, version, summ
         "time_learn_s": t_learn - t_ready,
         "time_sync_s": sync["sync_s"],
         "sync_bytes": sync.get("sync_bytes", 0),  # what the push moved: the weights, or a LoRA adapter
-        "learner_idle_fraction": 1.0 - (t_learn - t_ready) / dt,
+        # the learner's own time at the step's work (a streamed step's began before its rollouts were all in)
+        "learner_idle_fraction": 1.0 - stats.get("time_learner_busy_s", t_learn - t_ready) / dt,
         "time_step_s": dt,
         "reward_requests_retried": reward_retries,
         **batch_metrics,

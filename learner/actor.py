@@ -14,6 +14,8 @@ import math
 import os
 import resource
 import shutil
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
@@ -35,6 +37,26 @@ REFERENCE_DIR = "reference"  # a checkpoint's KL reference (Hugging Face format)
 # normalizer of the whole mini-batch's policy loss and its trained tokens (over all ranks; the
 # value loss is their mean).
 Work = list[tuple[list[list[TrainSequence]], float, int]]
+
+
+@dataclass
+class _Step:
+    """A step under way on this rank: its loss's settings and what its statistics gather."""
+
+    loss: PolicyLoss
+    temperature: float
+    kl_coef: float
+    train_value: bool
+    finite: bool = True  # every loss of the mini-batch so far
+    skipped: int = 0  # optimizer steps not taken
+    skipped_value: int = 0
+    value_grad_norm: float | None = None
+    entropy_sum: float = 0.0
+    step_starts: list = field(default_factory=list)  # each micro-batch's step-start logprobs, in order
+    batches: list = field(default_factory=list)
+    sums: dict = field(default_factory=dict)  # a streamed step's statistics, summed over its passes
+    passes: int = 0
+    busy_s: float = 0.0
 
 
 def named_weights(model, base: bool = False) -> dict[str, torch.Tensor]:
@@ -150,6 +172,7 @@ class Learner(WeightSource):
         if self.reference is not None:
             self.reference.to(self.engine.device)
         self.grad_norm: float | None = None
+        self._open: _Step | None = None  # the step under way
         self.step_start_pass_always = False  # tests: the separate pass where one mini-batch needs none
 
     def _engine(self, model, lr: float):
@@ -274,8 +297,8 @@ class Learner(WeightSource):
         learner's logprobs at the start of the step accounts for it, and truncated importance
         sampling for the sampler's own difference (see policy_loss).
         """
-        self._set_lr(self.config.lr)
-        self.engine.train()
+        started = time.monotonic()
+        self._begin_step(loss_config, temperature, kl_coef)
         minis = [([self._pack(m) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
@@ -283,7 +306,7 @@ class Learner(WeightSource):
         # training forward runs on the step's starting weights: its own logprobs, detached, are
         # those, and a separate pass would compute them again (verl and TRL skip it too).
         separate_pass = len(minis) > 1 or self.step_start_pass_always
-        step_start, entropy_sum = [], 0.0
+        step_start = []
         if separate_pass:
             with torch.no_grad():
                 for micros, _, _ in minis:
@@ -291,74 +314,139 @@ class Learner(WeightSource):
                     for b in micros:
                         logprobs, entropy = self._logprobs(self.engine, b, temperature, entropy=True)
                         step_start[-1].append(logprobs)
-                        entropy_sum += entropy
+                        self._open.entropy_sum += entropy
         else:
             step_start = [[None] * len(micros) for micros, _, _ in minis]
         totals: dict[str, float] = {}
         passes = sum(len(micros) for micros, _, _ in minis)
-        finite, skipped, skipped_value = True, 0, 0  # non-finite losses of the mini-batch; optimizer steps not taken
-        estimator = self.config.advantage
-        train_value = estimator.type == "ppo"
-        separate_value = train_value and not self.shared_value
-        if separate_value:
-            self._value_model().train()
-        step_starts = []  # each micro-batch's, in order, for the sampler/learner difference
         for (micros, normalizer, tokens), olds in zip(minis, step_start):
             for batch, step_start_logprobs in zip(micros, olds):
-                reference_logprobs = None
-                if kl_coef > 0:
-                    with torch.no_grad():
-                        reference_logprobs = self._reference_logprobs(batch, temperature)
-                hidden = values = None
-                if train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
-                    device = self.engine.device
-                    hidden, values = hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))
-                if separate_pass:
-                    logprobs = self._logprobs(self.engine, batch, temperature, hidden=hidden)
-                else:
-                    logprobs, entropy = self._logprobs(self.engine, batch, temperature, entropy=True, hidden=hidden)
-                    entropy_sum += entropy
-                    step_start_logprobs = logprobs.detach()
-                step_starts.append(step_start_logprobs)
-                inputs = LossInputs(
-                    logprobs=logprobs, step_start_logprobs=step_start_logprobs,
-                    sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
-                    reference_logprobs=reference_logprobs, segments=batch.segments,
-                )
-                # DeepSpeed averages gradients over ranks: scale so that they sum instead.
-                loss, stats = policy_loss(inputs, loss_config, kl_coef, self.config.kl.estimator if kl_coef > 0 else "k3",
-                                          normalizer=normalizer / self.world_size)
-                if train_value:
-                    # the mean over the mini-batch's trained tokens; PPO's clip against the step's start
-                    values = self._values(batch) if values is None else values.float().cpu()
-                    v_loss, v_stats = value_loss(values, batch.old_values, batch.returns, batch.completion_mask, estimator.value_clip,
-                                                 normalizer=tokens / self.world_size)
-                    stats.update(v_stats)
-                    if self.shared_value:
-                        loss = loss + estimator.value_loss_coef * v_loss
-                    else:
-                        self.value_engine.backward(v_loss.to(self.engine.device), scale_wrt_gas=False)
-                self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
-                stats["loss"] = loss.item()
-                finite = finite and math.isfinite(stats["loss"])
-                for key, value in stats.items():
+                for key, value in self._micro_step(batch, step_start_logprobs, normalizer, tokens).items():
                     totals[key] = totals.get(key, 0.0) + value / passes
-            skipped += not self._step(finite)
-            if separate_value:
-                totals["value_grad_norm"], value_applied = self._step_engine(self.value_engine, finite)
-                skipped_value += not value_applied
-            finite = True
-        batches = [b for micros, _, _ in minis for b in micros]
-        diffs = torch.cat([(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for b, o in zip(batches, step_starts)])
+            self._apply_step()
+        return self._end_step(totals, started)
+
+    # A step in several calls (train.stream_groups): open_step, then stream_micro_batches as the
+    # step's groups are scored, then close_step with the step's normalizer, known only once every
+    # group is in. The losses are backpropagated as sums and the gradients divided by the
+    # normalizer before the optimizer step: exact where gradients are still whole on each rank
+    # before the step (ZeRO 0-1 in float32, which the config requires), where a backward is also
+    # local, so that ranks may run different numbers of passes.
+
+    def open_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> None:
+        """Start a step of one mini-batch whose micro-batches come in several calls."""
+        started = time.monotonic()
+        self._begin_step(loss_config, temperature, kl_coef)
+        self._open.busy_s = time.monotonic() - started
+
+    def stream_micro_batches(self, micros: list[list[TrainSequence]]) -> None:
+        """Forward and backward of `micros` (each a micro-batch's sequences) in the open step, the
+        loss a sum (normalizer 1) until close_step."""
+        started = time.monotonic()
+        step = self._open
+        for seqs in micros:
+            for key, value in self._micro_step(self._pack(seqs), None, 1.0, None).items():
+                step.sums[key] = step.sums.get(key, 0.0) + value
+            step.passes += 1
+        step.busy_s += time.monotonic() - started
+
+    def close_step(self, normalizer: float, divisor: float = 1.0) -> dict[str, float]:
+        """The open step's optimizer step, its gradients divided by `normalizer` (the whole
+        mini-batch's over all ranks, as train_step's) and by `divisor`, what the batch's advantages
+        were whitened by (every policy loss but its KL term is linear in a positive scale of the
+        advantages; the config refuses a KL term with whitening); its statistics."""
+        started = time.monotonic()
+        step = self._open
+        for p in self.engine.module.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:  # a rank given no micro-batch still joins the step's reduction
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.div_(normalizer * divisor)
+        totals = {key: value / max(step.passes, 1) for key, value in step.sums.items()}
+        totals["loss"] = totals.get("loss", 0.0) / (normalizer * divisor)
+        if "pg_loss" in totals:
+            totals["pg_loss"] /= divisor
+        self._apply_step()
+        return self._end_step(totals, started - step.busy_s)
+
+    def _begin_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> None:
+        self._set_lr(self.config.lr)
+        self.engine.train()
+        train_value = self.config.advantage.type == "ppo"
+        if train_value and not self.shared_value:
+            self._value_model().train()
+        self._open = _Step(loss_config, temperature, kl_coef, train_value)
+
+    def _micro_step(self, batch: PackedBatch, step_start_logprobs, normalizer: float, tokens: int | None) -> dict[str, float]:
+        """Forward and backward of one micro-batch in the open step; its statistics. Without
+        `step_start_logprobs` the training forward's own, detached, are the step start's."""
+        step = self._open
+        estimator = self.config.advantage
+        reference_logprobs = None
+        if step.kl_coef > 0:
+            with torch.no_grad():
+                reference_logprobs = self._reference_logprobs(batch, step.temperature)
+        hidden = values = None
+        if step.train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
+            device = self.engine.device
+            hidden, values = hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))
+        if step_start_logprobs is not None:
+            logprobs = self._logprobs(self.engine, batch, step.temperature, hidden=hidden)
+        else:
+            logprobs, entropy = self._logprobs(self.engine, batch, step.temperature, entropy=True, hidden=hidden)
+            step.entropy_sum += entropy
+            step_start_logprobs = logprobs.detach()
+        step.step_starts.append(step_start_logprobs)
+        step.batches.append(batch)
+        inputs = LossInputs(
+            logprobs=logprobs, step_start_logprobs=step_start_logprobs,
+            sampler_logprobs=batch.sampler_logprobs, advantages=batch.advantages, mask=batch.completion_mask,
+            reference_logprobs=reference_logprobs, segments=batch.segments,
+        )
+        # DeepSpeed averages gradients over ranks: scale so that they sum instead.
+        loss, stats = policy_loss(inputs, step.loss, step.kl_coef, self.config.kl.estimator if step.kl_coef > 0 else "k3",
+                                  normalizer=normalizer / self.world_size)
+        if step.train_value:
+            # the mean over the mini-batch's trained tokens; PPO's clip against the step's start
+            values = self._values(batch) if values is None else values.float().cpu()
+            v_loss, v_stats = value_loss(values, batch.old_values, batch.returns, batch.completion_mask, estimator.value_clip,
+                                         normalizer=tokens / self.world_size)
+            stats.update(v_stats)
+            if self.shared_value:
+                loss = loss + estimator.value_loss_coef * v_loss
+            else:
+                self.value_engine.backward(v_loss.to(self.engine.device), scale_wrt_gas=False)
+        self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
+        stats["loss"] = loss.item()
+        step.finite = step.finite and math.isfinite(stats["loss"])
+        return stats
+
+    def _apply_step(self) -> None:
+        """The optimizer step of the mini-batch whose micro-batches the open step has run."""
+        step = self._open
+        step.skipped += not self._step(step.finite)
+        if step.train_value and not self.shared_value:
+            step.value_grad_norm, value_applied = self._step_engine(self.value_engine, step.finite)
+            step.skipped_value += not value_applied
+        step.finite = True
+
+    def _end_step(self, totals: dict[str, float], started: float) -> dict[str, float]:
+        step, self._open = self._open, None
+        if step.train_value and not self.shared_value:
+            totals["value_grad_norm"] = step.value_grad_norm
+            totals["skipped_value_steps"] = float(step.skipped_value)
+        batches = step.batches
+        diffs = torch.cat([(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for b, o in zip(batches, step.step_starts)]
+                          + [torch.zeros(0)])
         totals["grad_norm"] = self.grad_norm
-        totals["skipped_optimizer_steps"] = float(skipped)
-        if separate_value:
-            totals["skipped_value_steps"] = float(skipped_value)
+        totals["skipped_optimizer_steps"] = float(step.skipped)
         totals["learner_rss_mb_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this rank's peak so far
         totals["sampler_logprob_diff_sum"] = diffs.sum().item()
         totals["sampler_logprob_diff_max"] = diffs.max().item() if diffs.numel() else 0.0
         totals["tokens"] = float(diffs.numel())
-        totals["entropy_sum"] = entropy_sum  # the policy's at the step's start, over the trained tokens
+        totals["entropy_sum"] = step.entropy_sum  # the policy's at the step's start, over the trained tokens
         totals["sequence_tokens_sum"] = float(sum(b.sequence_tokens for b in batches))
         totals["computed_tokens_sum"] = float(sum(b.computed_tokens for b in batches))
         totals["batch_tokens_sum"] = float(sum(b.input_ids.numel() for b in batches))  # padding included
@@ -366,6 +454,7 @@ class Learner(WeightSource):
         # memory: glibc keeps a fragmented heap's freed pages otherwise (a one-off measurement:
         # bench/results.md, "one-off measurements").
         return_free_memory()
+        totals["busy_s_max"] = time.monotonic() - started  # this rank's time at the step's work
         return totals
 
     def token_stats(self, micros: list[list[TrainSequence]], temperature: float, kl_estimator: str | None,

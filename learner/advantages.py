@@ -97,7 +97,12 @@ def whiten(advantages: torch.Tensor, eps: float = 1e-6, shift_mean: bool = False
     """Scale advantages to unit standard deviation over the batch; the mean stays as it is (RLOO's
     is 0) unless `shift_mean` (PPO's GAE advantages, as TRL's and OpenRLHF's whitening)."""
     centred = advantages - advantages.mean() if shift_mean else advantages
-    return centred / (advantages.std(unbiased=False) + eps)
+    return centred / whitening_divisor(advantages, eps)
+
+
+def whitening_divisor(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """What `whiten` divides by: the spread over the batch."""
+    return advantages.std(unbiased=False) + eps
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from learner.advantages import (
-    compute_advantages, dense_advantages, explained_variance, gae, informative_groups, overlong_penalty, whiten,
+    compute_advantages, dense_advantages, explained_variance, gae, informative_groups, overlong_penalty, whiten, whitening_divisor,
 )
 from learner.batch import TrainSequence
 from learner.config import LearnerConfig
@@ -45,6 +45,7 @@ class Batch:
     kept: torch.Tensor  # [G] bool
     rewards: torch.Tensor  # [G, k]: the shaped rewards the advantages came from
     metrics: dict[str, float] = field(default_factory=dict)
+    divisor: float = 1.0  # what the advantages were whitened by over the batch (1: not whitened)
 
     @property
     def sequences(self) -> list[TrainSequence]:
@@ -105,11 +106,12 @@ def _token_rewards(trajectory: Trajectory, g: int, j: int) -> list[float]:
 
 
 def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_coef: float = 0.0,
-                max_new_tokens: int | None = None, turn_cost: float = 0.0) -> Batch:
+                max_new_tokens: int | None = None, turn_cost: float = 0.0, whitened: bool = True) -> Batch:
     """Per-token advantages of every turn of the kept groups (each turn of a trajectory with the
     trajectory's advantage), and the step's algorithm metrics. `max_new_tokens` (the rollout's) is
     needed by the overlong penalty; `turn_cost` is subtracted from a trajectory's reward per turn
-    after its first."""
+    after its first. Not `whitened`: learner.advantage.normalize is left to the caller (a streamed
+    group, whose batch is not whole yet)."""
     rewards, metrics = samples.rewards, {}
     if turn_cost:
         if samples.turn_counts is None:
@@ -152,7 +154,7 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         keep = informative_groups(samples.rewards)
     else:
         keep = torch.ones(groups, dtype=torch.bool)
-    token_advantages = None
+    token_advantages, divisor = None, 1.0
     if config.dense_rewards:
         dense = estimator.dense
         # per token: the RLOO advantage plus the leave-one-out reward-to-go of the service's
@@ -164,10 +166,12 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
         mask = torch.arange(per_token.shape[-1]) < lengths
         token_advantages = dense_advantages(advantages, per_token, mask, dense.coef, dense.gamma)
         metrics["dense_advantage_abs_mean"] = float((token_advantages - advantages.unsqueeze(-1))[mask].abs().mean())
-        if estimator.normalize and keep.any():
+        if estimator.normalize and whitened and keep.any():
             kept_tokens = mask & keep.view(-1, 1, 1)
+            divisor = float(whitening_divisor(token_advantages[kept_tokens]))
             token_advantages[kept_tokens] = whiten(token_advantages[kept_tokens])
-    elif estimator.normalize and keep.any():
+    elif estimator.normalize and whitened and keep.any():
+        divisor = float(whitening_divisor(advantages[keep]))
         advantages[keep] = whiten(advantages[keep])
     kept = []
     for g in keep.nonzero().flatten().tolist():
@@ -179,7 +183,7 @@ def build_batch(samples: StepSamples, config: LearnerConfig, step: int, critic_c
                     seq.mask = [False] * n  # out of the loss; its reward still counted in the baseline
         kept.append([seq for trajectory in samples.sequences[g] for seq in trajectory])
     metrics["groups_filtered"] = int((~keep).sum())
-    return Batch(kept, keep, rewards, metrics)
+    return Batch(kept, keep, rewards, metrics, divisor)
 
 
 def _policy_sum(seq: TrainSequence, values: list[float]) -> float:

@@ -57,16 +57,16 @@ class LearnerGroup:
                 work[rank].append(([[mini[i] for i in m] for m in micros], normalizer, max(sum(tokens), 1)))
         return work
 
-    def _micro_batches(self, sequences: list[TrainSequence]) -> list[list[list[int]]]:
-        """Per rank, its micro-batches of `sequences` (indices), a tree of shared prefixes
-        (learner.share_prefixes) never split between two."""
-        config = self.config
+    def _micro_batches(self, sequences: list[TrainSequence], ranks: int = 0) -> list[list[list[int]]]:
+        """Per rank (of `ranks`, all by default), its micro-batches of `sequences` (indices), a tree
+        of shared prefixes (learner.share_prefixes) never split between two."""
+        config, ranks = self.config, ranks or len(self.ranks)
         cap = tree_tokens(sequences, config.max_tokens_per_micro_batch)
         trees = layout(sequences, config.share_prefixes, cap)
-        while len(trees) < len(self.ranks) and cap > 1:  # every rank needs a tree
+        while len(trees) < ranks and cap > 1:  # every rank needs a tree
             cap //= 2
             trees = layout(sequences, config.share_prefixes, cap)
-        dealt = deal_to_ranks([len(t.tokens) for t in trees], config.max_tokens_per_micro_batch, len(self.ranks),
+        dealt = deal_to_ranks([len(t.tokens) for t in trees], config.max_tokens_per_micro_batch, ranks,
                               config.pack_sequences, config.pack_row_tokens)
         return [[sorted(i for t in m for i in trees[t].members) for m in micros] for micros in dealt]
 
@@ -79,6 +79,37 @@ class LearnerGroup:
         penalty of weight `kl_coef` in the loss (0: none)."""
         work = self._deal(sequences, self.config.optimizer_steps, loss.aggregation, max_new_tokens)
         return merge_stats(self._wait([r.train_step.remote(w, loss, temperature, kl_coef) for r, w in zip(self.ranks, work)], "train_step"))
+
+    def open_step(self, loss: PolicyLoss, temperature: float, kl_coef: float) -> None:
+        """Start a step whose sequences come in several `stream` calls as its groups are scored
+        (train.stream_groups); train_step's arguments but the sequences."""
+        self.streamed = [r.open_step.remote(loss, temperature, kl_coef) for r in self.ranks]  # calls under way
+        self.turn = 0  # the rank the next send begins with
+
+    def stream(self, sequences: list[TrainSequence]) -> None:
+        """Hand `sequences` (whole groups, their advantages before whitening) to the open step: laid
+        out in micro-batches and dealt to the ranks as train_step does (fewer sequences than ranks:
+        to as many ranks, taking turns), their passes run in the order they come; returns at once.
+        With ZeRO 0-1 a backward is local, so ranks need not run the same number of passes."""
+        n = min(len(self.ranks), len(sequences))
+        for j, micros in enumerate(self._micro_batches(sequences, n)):
+            rank = self.ranks[(self.turn + j) % len(self.ranks)]
+            self.streamed.append(rank.stream_micro_batches.remote([[sequences[i] for i in m] for m in micros]))
+        self.turn += n
+
+    def busy(self) -> bool:
+        """Whether a rank has streamed work it has not finished."""
+        self.streamed = ray.wait(self.streamed, num_returns=len(self.streamed), timeout=0)[1] if self.streamed else []
+        return bool(self.streamed)
+
+    def close_step(self, sequences: list[TrainSequence], aggregation: str, max_new_tokens: int, divisor: float) -> dict[str, float]:
+        """The open step's optimizer step; `sequences` are every one streamed into it, for its
+        normalizer, and `divisor` what the batch's advantages were whitened by (they were streamed
+        before it was known)."""
+        normalizer = loss_normalizer(aggregation, [trained_tokens(s) for s in sequences], max_new_tokens)
+        pending, self.streamed = self.streamed, []
+        closed = self._wait(pending + [r.close_step.remote(normalizer, divisor) for r in self.ranks], "train_step")
+        return merge_stats(closed[len(pending):])
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of next-token loss (token mean) on (prompt ids, completion ids) pairs."""
@@ -181,7 +212,7 @@ def died_because(error: ray.exceptions.RayActorError, config, oom: bool) -> str:
 def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
     """Means over ranks, except sums and maxima that are merged as such."""
     merged = {}
-    for key in results[0]:
+    for key in dict.fromkeys(k for r in results for k in r):  # a streamed step's rank may have had no pass
         values = [r[key] for r in results if r.get(key) is not None]
         if not values:
             merged[key] = None
@@ -199,6 +230,7 @@ def merge_stats(results: list[dict[str, float]]) -> dict[str, float]:
     merged["padding_share"] = 1.0 - computed / max(merged["learner_tokens"], 1.0)
     merged["shared_prefix_share"] = 1.0 - computed / max(merged.pop("sequence_tokens_sum"), 1.0)
     merged["grad_norm"] = results[0]["grad_norm"]
+    merged["time_learner_busy_s"] = merged.pop("busy_s_max")  # the busiest rank's time at the step
     return merged
 
 

@@ -61,6 +61,28 @@ def test_invalid_field_is_named_with_its_reason(override, field, reason):
     assert reason in str(err.value)
 
 
+STREAMED = ["train.stream_groups=true", "learner.optimizer_steps=1"]
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (["learner.optimizer_steps=2"], "learner.optimizer_steps=2"),
+    (["learner.zero_stage=2"], "learner.zero_stage=2"),
+    (["learner.dtype=bfloat16"], "learner.dtype=bfloat16"),
+    (["learner.advantage.type=reinforce_pp"], "learner.advantage.type=reinforce_pp"),
+    (["learner.kl.coef=0.05", "learner.kl.into=reward"], "learner.kl.into=reward"),
+    (["learner.kl.coef=0.05"], "learner.kl.into=loss with learner.advantage.normalize"),
+    (["critic.enabled=true", "critic.reward_coef=0.1"], "critic.reward_coef"),
+    (["train.replay_groups=1"], "train.replay_groups"),
+    (["train.max_refill_rounds=1"], "train.max_refill_rounds"),
+    (["train.max_staleness=1", "rollout.update_in_flight=true", "train.partial_rollouts=true"], "train.partial_rollouts"),
+])
+def test_streamed_groups_refuse_what_needs_the_whole_batch(overrides, reason):
+    with pytest.raises(ConfigError, match=re.escape(f"train.stream_groups with {reason}")):
+        load_config("configs/default.yaml", [*STREAMED, *overrides])
+    if reason.startswith("learner.kl.into=loss"):  # a KL term in the loss streams when advantages are not whitened
+        load_config("configs/default.yaml", [*STREAMED, *overrides, "learner.advantage.normalize=false"])
+
+
 @pytest.mark.parametrize("overrides, field", [
     (["learner.loss.type=sapo", "learner.loss.eps_low=0.1"], "learner.loss.sapo.eps_low"),
     (["learner.loss.type=vespo", "learner.loss.importance_level=sequence"], "learner.loss.vespo.importance_level"),

@@ -1,6 +1,7 @@
 """The DeepSpeed learner at each ZeRO stage and with two ranks: steps change the weights, the
 weights it publishes are whole (ZeRO-3 partitions them), and ranks stay identical."""
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,41 @@ def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
     assert stats2["tokens"] == stats1["tokens"]  # the two ranks together saw every token once
     # the policy's entropy on the step's tokens, merged over ranks as a token mean
     assert 0 < stats1["entropy"] and stats2["entropy"] == pytest.approx(stats1["entropy"], rel=1e-4)
+
+
+@pytest.mark.parametrize("ranks, stage", [(1, 0), (2, 1)])
+def test_a_step_streamed_in_parts_takes_the_step_of_the_whole_batch(ray_cluster, tiny_model, tmp_path, ranks, stage):
+    """train.stream_groups: a step opened, its sequences streamed in three sends (the first of one
+    sequence: a rank gets none) with advantages before whitening (here twice the whitened ones)
+    and closed with the normalizer and the whitening divisor takes train_step's step on the whole
+    batch: the same gradient norm before clipping and the same weights."""
+    _, sequences = batch(tiny_model, count=12)
+    unwhitened = [replace(s, advantages=[2.0 * a for a in s.advantages]) for s in sequences]
+    results = {}
+    for mode in ("whole", "streamed"):
+        config = LearnerConfig(num_ranks=ranks if mode == "streamed" else 1, zero_stage=stage, optimizer_steps=1, lr=1e-3,
+                               max_tokens_per_micro_batch=200)
+        learner = LearnerGroup(str(tiny_model), config)
+        try:
+            if mode == "whole":
+                stats = learner.train_step(sequences, *loss(config))
+            else:
+                learner.open_step(*loss(config)[:3])
+                for part in (unwhitened[:1], unwhitened[1:5], unwhitened[5:]):
+                    learner.stream(part)
+                stats = learner.close_step(unwhitened, config.loss.aggregation, 48, divisor=2.0)
+            results[mode] = saved_weights(learner, tmp_path / mode), stats
+        finally:
+            learner.kill()
+    (whole, whole_stats), (streamed, streamed_stats) = results["whole"], results["streamed"]
+    assert whole_stats["grad_norm"] > 0
+    assert streamed_stats["grad_norm"] == pytest.approx(whole_stats["grad_norm"], rel=1e-5)
+    assert streamed_stats["tokens"] == whole_stats["tokens"]
+    assert streamed_stats["entropy"] == pytest.approx(whole_stats["entropy"], rel=1e-5)
+    initial = load_causal_lm(tiny_model).state_dict()
+    assert any(not torch.equal(whole[n], initial[n]) for n in initial)
+    for name in initial:
+        torch.testing.assert_close(streamed[name], whole[name], rtol=0, atol=1e-5, msg=name)  # as two ranks against one
 
 
 def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, tmp_path):

@@ -1,0 +1,85 @@
+"""A step's groups streamed into the learner's micro-batches as they are scored (train.stream_groups).
+
+The learner starts on the first scored group while the step's others are still generated and
+scored. Each group's advantages are computed alone (the config allows only estimators that work
+within a group); its sequences are sent to the ranks at once when they are idle, and gathered into
+one send while they are busy (or until a micro-batch per rank is full). What only the whole step
+knows, the loss's normalizer and the advantages' whitening divisor, divides the gradients before
+the optimizer step (learner.actor.Learner.close_step), so the update is the one train_step makes on
+the whole batch, up to float rounding: `close` checks that the streamed sequences are the batch's.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from learner.algorithm import Batch, build_batch, to_sequences
+from learner.batch import TrainSequence
+from learner.group import LearnerGroup
+from rollout_workers.types import Trajectory
+
+
+class GroupStream:
+    """Step `step`'s groups into `learner` as they come (`add`), its optimizer step at `close`."""
+
+    def __init__(self, learner: LearnerGroup, config, step: int):
+        self.learner, self.config, self.step = learner, config, step
+        self.waiting: list[TrainSequence] = []  # not sent yet: the ranks were busy
+        self.sent: list[TrainSequence] = []
+        self.opened = False
+        self.sends, self.first_sent = 0, 0.0
+
+    def add(self, group: list[Trajectory]) -> None:
+        """A scored group of the step: its kept sequences, with their advantages before whitening."""
+        config, learn = self.config, self.config.learner
+        samples = to_sequences([group], token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
+        alone = build_batch(samples, learn, self.step, max_new_tokens=config.rollout.max_new_tokens, turn_cost=config.env.turn_cost,
+                            whitened=False)
+        self.waiting += alone.sequences
+        self.pump()
+
+    def pump(self, last: bool = False) -> None:
+        """Send what waits if the ranks are idle, a micro-batch per rank is full, or nothing more will come."""
+        if not self.waiting:
+            return
+        learn = self.config.learner
+        full = sum(len(s.prompt_ids) + len(s.completion_ids) for s in self.waiting) >= learn.max_tokens_per_micro_batch * learn.num_ranks
+        if self.opened and not (last or full) and self.learner.busy():
+            return
+        if not self.opened:
+            self.learner.open_step(learn.loss, self.config.rollout.temperature_at(self.step), learn.loss_kl_coef(self.step))
+            self.opened, self.first_sent = True, time.time()
+        self.learner.stream(self.waiting)
+        self.sends += 1
+        self.sent += self.waiting
+        self.waiting = []
+
+    def close(self, batch: Batch, sequences: list[TrainSequence]) -> dict[str, float]:
+        """The step's optimizer step, once every group is in: `batch` is the whole step's (build_batch
+        on its groups), `sequences` what it trains; {} when no group was kept (no step). Also how
+        many sends the step's sequences took and how long before the close the learner had the first."""
+        closing = time.time()
+        self.pump(last=True)
+        check_same(self.sent, sequences, batch.divisor)
+        if not self.opened:
+            return {}
+        learn = self.config.learner
+        stats = self.learner.close_step(self.sent, learn.loss.aggregation, self.config.rollout.max_new_tokens, batch.divisor)
+        return {**stats, "stream_sends": self.sends, "time_stream_lead_s": closing - self.first_sent}
+
+
+def check_same(sent: list[TrainSequence], batch: list[TrainSequence], divisor: float) -> None:
+    """`sent` (advantages before whitening) are `batch`'s sequences (after it, by `divisor`): a
+    difference is a bug in what may be streamed (coderloo.config's _stream_groups), never trained on."""
+    def key(s: TrainSequence) -> tuple:
+        return tuple(s.prompt_ids), tuple(s.completion_ids), tuple(s.mask or ())
+
+    streamed = sorted(sent, key=key)
+    whole = sorted(batch, key=key)
+    same = len(streamed) == len(whole) and all(
+        key(a) == key(b) and len(a.advantages) == len(b.advantages)
+        and all(math.isclose(x / divisor, y, rel_tol=1e-5, abs_tol=1e-6) for x, y in zip(a.advantages, b.advantages))
+        for a, b in zip(streamed, whole))
+    if not same:
+        raise RuntimeError(f"train.stream_groups: the {len(streamed)} sequences streamed into the step are not the "
+                           f"{len(whole)} of its batch (or not with the same advantages); the step was not taken")

@@ -1,0 +1,53 @@
+"""train.stream_groups: a step's groups go into the learner as they are scored, and the run trains
+as it does without (tests/test_learner_actor.py checks one step's weights)."""
+import pytest
+
+from coderloo.config import load_config
+from coderloo.controller import train
+from coderloo.metrics import read_metrics
+from coderloo.stream import check_same
+from learner.batch import TrainSequence
+
+
+def test_a_streamed_run_trains_as_the_same_run_does_with_the_whole_batch(ray_cluster, tiny_model, tmp_path):
+    """The asynchronous pipeline with and without streaming, the same seeds: the same samples, and
+    the same updates (each step's gradient norm before clipping, with whitened advantages); the
+    streamed steps reached the learner in several sends, the first before the step closed."""
+    steps = {}
+    for streamed in (False, True):
+        out = tmp_path / f"streamed-{streamed}"
+        train(load_config("configs/default.yaml", [
+            f"model.path={tiny_model}", f"train.output_dir={out}",
+            "sft.steps=40", "sft.batch_size=16",  # programs that compile: groups whose outcomes differ
+            "train.steps=3", "train.prompts_per_step=6", "train.eval_every=0", "train.checkpoint_every=0",
+            "train.max_staleness=1", f"train.stream_groups={str(streamed).lower()}", "learner.optimizer_steps=1",
+            "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16",
+            "learner.advantage.filter_uninformative=false",  # every group trains, even all-fail ones
+            "tasks.max_eval_tasks=4", "eval.sampled=false",
+        ]))
+        steps[streamed] = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
+    whole, streamed = steps[False], steps[True]
+    assert [r["step"] for r in streamed] == [1, 2, 3]
+    for a, b in zip(whole, streamed):
+        assert b["reward_mean"] == a["reward_mean"] and b["samples"] == a["samples"] == 24
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-7)
+        assert b["tokens"] == a["tokens"]
+        assert b["time_learner_busy_s"] > 0 and 0 <= b["learner_idle_fraction"] <= 1
+        assert 1 <= b["stream_sends"] <= 6 and b["time_stream_lead_s"] >= 0
+        assert "stream_sends" not in a
+    assert any(r["stream_sends"] > 1 for r in streamed)
+    assert sum(r["grad_norm"] > 0 for r in whole) >= 2  # steps that learned something
+
+
+def test_streamed_sequences_that_are_not_the_batchs_stop_the_step():
+    """check_same compares what was streamed (advantages before whitening) with the step's batch."""
+    def seq(completion, advantage):
+        return TrainSequence([1, 2], completion, [-1.0] * len(completion), [advantage] * len(completion))
+
+    sent = [seq([3, 4], 2.0), seq([5], -2.0)]
+    check_same(sent, [seq([5], -1.0), seq([3, 4], 1.0)], divisor=2.0)  # another order, whitened by 2
+    for batch, divisor in [([seq([5], -1.0), seq([3, 4], 1.0)], 1.0),  # not whitened by what was streamed
+                           ([seq([3, 4], 1.0)], 2.0),  # a sequence the batch lacks
+                           ([seq([5], -1.0), seq([3, 5], 1.0)], 2.0)]:  # another completion
+        with pytest.raises(RuntimeError, match="train.stream_groups: the 2 sequences streamed into the step are not"):
+            check_same(sent, batch, divisor)
