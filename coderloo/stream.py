@@ -69,17 +69,24 @@ class GroupStream:
 
 
 def check_same(sent: list[TrainSequence], batch: list[TrainSequence], divisor: float) -> None:
-    """`sent` (advantages before whitening) are `batch`'s sequences (after it, by `divisor`): a
-    difference is a bug in what may be streamed (coderloo.config's _stream_groups), never trained on."""
-    def key(s: TrainSequence) -> tuple:
-        return tuple(s.prompt_ids), tuple(s.completion_ids), tuple(s.mask or ())
+    """`sent` (advantages before whitening) are `batch`'s sequences (after it, by `divisor`), in any
+    order: a difference is a bug in what may be streamed (coderloo.config's _stream_groups), never
+    trained on. Two tasks may share a prompt and a completion with other advantages: the
+    advantages are compared as a multiset per (prompt, completion, mask)."""
+    def by_key(sequences: list[TrainSequence], scale: float) -> dict[tuple, list[list[float]]]:
+        out: dict[tuple, list[list[float]]] = {}
+        for s in sequences:
+            out.setdefault((tuple(s.prompt_ids), tuple(s.completion_ids), tuple(s.mask or ())), []).append([a * scale for a in s.advantages])
+        return {k: sorted(v) for k, v in out.items()}
 
-    streamed = sorted(sent, key=key)
-    whole = sorted(batch, key=key)
-    same = len(streamed) == len(whole) and all(
-        key(a) == key(b) and len(a.advantages) == len(b.advantages)
-        and all(math.isclose(x / divisor, y, rel_tol=1e-5, abs_tol=1e-6) for x, y in zip(a.advantages, b.advantages))
-        for a, b in zip(streamed, whole))
-    if not same:
-        raise RuntimeError(f"train.stream_groups: the {len(streamed)} sequences streamed into the step are not the "
-                           f"{len(whole)} of its batch (or not with the same advantages); the step was not taken")
+    streamed, whole = by_key(sent, 1.0 / divisor), by_key(batch, 1.0)
+    differ = [k for k in streamed.keys() | whole.keys() if len(streamed.get(k, [])) != len(whole.get(k, [])) or not all(
+        len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6) for x, y in zip(a, b))
+        for a, b in zip(streamed[k], whole[k]))]
+    if differ:
+        k = differ[0]
+        raise RuntimeError(f"train.stream_groups: the {len(sent)} sequences streamed into the step are not the "
+                           f"{len(batch)} of its batch; {len(differ)} (prompt, completion) pairs differ, the first streamed "
+                           f"{len(streamed.get(k, []))} times with advantages {streamed.get(k, [])[:2]}, in the batch "
+                           f"{len(whole.get(k, []))} times with {whole.get(k, [])[:2]} (whitening divisor {divisor:g}); "
+                           "the step was not taken")

@@ -49,5 +49,5 @@ def test_streamed_sequences_that_are_not_the_batchs_stop_the_step():
     for batch, divisor in [([seq([5], -1.0), seq([3, 4], 1.0)], 1.0),  # not whitened by what was streamed
                            ([seq([3, 4], 1.0)], 2.0),  # a sequence the batch lacks
                            ([seq([5], -1.0), seq([3, 5], 1.0)], 2.0)]:  # another completion
-        with pytest.raises(RuntimeError, match="train.stream_groups: the 2 sequences streamed into the step are not"):
+        with pytest.raises(RuntimeError, match="train.stream_groups: the 2 sequences streamed into the step are not the"):
             check_same(sent, batch, divisor)
