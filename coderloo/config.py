@@ -172,14 +172,17 @@ class TrainConfig(Section):
     stream_groups: bool = Field(
         default=False,
         description="The learner starts on a step's groups as they are scored, instead of waiting for the whole "
-        "step: each group's advantages are computed alone and its sequences are laid out in micro-batches and "
-        "backpropagated while the others are still generated and scored (sent as one when the learner is busy); the "
-        "optimizer step waits for the last, its gradients divided then by what only the whole step knows (the loss "
-        "normalizer, the advantages' whitening divisor). The update is the same as without (up to float rounding). "
-        "Needs what can be computed group by group: learner.optimizer_steps 1, zero_stage 0 or 1 in float32, a "
-        "group-baseline estimator, no KL or critic term in the reward (nor a KL term in the loss with whitened "
-        "advantages), no replay, refills or partial rollouts; each refused naming its field. Pays where the learner "
-        "has a device of its own (configs/async-pinned.yaml).",
+        "step: each group's advantages are computed alone and its sequences are laid out in micro-batches while the "
+        "others are still generated and scored (sent as one while the learner is busy). With learner.optimizer_steps "
+        "k, the first 1/k of the groups to be scored are the first mini-batch, backpropagated as they come; the later "
+        "ones get their step-start logprobs as they come and train after the earlier optimizer steps. What only the "
+        "whole step knows (each mini-batch's loss normalizer, the advantages' whitening divisor) divides the gradients "
+        "before each optimizer step, so each update is the one the step's mini-batches would give without streaming, "
+        "up to float rounding; only the mini-batches' membership follows the order the groups were scored in. Needs "
+        "what can be computed group by group: learner.zero_stage 0 or 1 in float32, a group-baseline estimator, no KL "
+        "or critic term in the reward (nor a KL term in the loss with whitened advantages), no replay, refills or "
+        "partial rollouts; each refused naming its field. Pays where the learner has a device of its own "
+        "(configs/async-pinned.yaml).",
     )
     max_refill_rounds: int = Field(
         default=0, ge=0,
@@ -325,7 +328,6 @@ class Config(Section):
         learn, train = self.learner, self.train
         kl = learn.kl.into if learn.kl is not None else None
         refused = [
-            (learn.optimizer_steps != 1, f"learner.optimizer_steps={learn.optimizer_steps}: a streamed step is one mini-batch"),
             (learn.zero_stage > 1, f"learner.zero_stage={learn.zero_stage}: ZeRO-2 and 3 reduce gradients at each backward, "
              "before the step's normalizer is known; use 0 or 1"),
             (learn.dtype != "float32", f"learner.dtype={learn.dtype}: DeepSpeed's bf16 optimizer moves gradients out of "

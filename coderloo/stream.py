@@ -6,7 +6,8 @@ within a group); its sequences are sent to the ranks at once when they are idle,
 one send while they are busy (or until a micro-batch per rank is full). What only the whole step
 knows, the loss's normalizer and the advantages' whitening divisor, divides the gradients before
 the optimizer step (learner.actor.Learner.close_step), so the update is the one train_step makes on
-the whole batch, up to float rounding: `close` checks that the streamed sequences are the batch's.
+the whole batch split in mini-batches as they were scored, up to float rounding: `close` checks
+that the streamed sequences are the batch's.
 """
 from __future__ import annotations
 
@@ -20,18 +21,30 @@ from rollout_workers.types import Trajectory
 
 
 class GroupStream:
-    """Step `step`'s groups into `learner` as they come (`add`), its optimizer step at `close`."""
+    """Step `step`'s groups into `learner` as they come (`add`), its optimizer steps at `close`.
+
+    With learner.optimizer_steps k, the first 1/k of the step's groups to be scored make its first
+    mini-batch, trained as they come; the next 1/k its second, and so on: their logprobs at the
+    step's start are taken as they come, their training waits for the earlier steps (at the close).
+    """
 
     def __init__(self, learner: LearnerGroup, config, step: int):
         self.learner, self.config, self.step = learner, config, step
         self.waiting: list[TrainSequence] = []  # not sent yet: the ranks were busy
-        self.sent: list[TrainSequence] = []
+        self.mini = 0  # the mini-batch of what waits
+        self.sent: list[list[TrainSequence]] = [[] for _ in range(config.learner.optimizer_steps)]
+        self.groups = 0
         self.opened = False
         self.sends, self.first_sent = 0, 0.0
 
     def add(self, group: list[Trajectory]) -> None:
         """A scored group of the step: its kept sequences, with their advantages before whitening."""
         config, learn = self.config, self.config.learner
+        mini = min(self.groups * learn.optimizer_steps // config.train.prompts_per_step, learn.optimizer_steps - 1)
+        self.groups += 1
+        if mini != self.mini:
+            self.pump(last=True)  # a send holds one mini-batch's sequences
+            self.mini = mini
         samples = to_sequences([group], token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
         alone = build_batch(samples, learn, self.step, max_new_tokens=config.rollout.max_new_tokens, turn_cost=config.env.turn_cost,
                             whitened=False)
@@ -49,18 +62,18 @@ class GroupStream:
         if not self.opened:
             self.learner.open_step(learn.loss, self.config.rollout.temperature_at(self.step), learn.loss_kl_coef(self.step))
             self.opened, self.first_sent = True, time.time()
-        self.learner.stream(self.waiting)
+        self.learner.stream(self.waiting, self.mini)
         self.sends += 1
-        self.sent += self.waiting
+        self.sent[self.mini] += self.waiting
         self.waiting = []
 
     def close(self, batch: Batch, sequences: list[TrainSequence]) -> dict[str, float]:
-        """The step's optimizer step, once every group is in: `batch` is the whole step's (build_batch
+        """The step's optimizer steps, once every group is in: `batch` is the whole step's (build_batch
         on its groups), `sequences` what it trains; {} when no group was kept (no step). Also how
         many sends the step's sequences took and how long before the close the learner had the first."""
         closing = time.time()
         self.pump(last=True)
-        check_same(self.sent, sequences, batch.divisor)
+        check_same([s for mini in self.sent for s in mini], sequences, batch.divisor)
         if not self.opened:
             return {}
         learn = self.config.learner

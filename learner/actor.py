@@ -55,6 +55,7 @@ class _Step:
     step_starts: list = field(default_factory=list)  # each micro-batch's step-start logprobs, in order
     batches: list = field(default_factory=list)
     sums: dict = field(default_factory=dict)  # a streamed step's statistics, summed over its passes
+    later: list = field(default_factory=list)  # a streamed step's later mini-batches: (index, batch, step-start logprobs)
     passes: int = 0
     busy_s: float = 0.0
 
@@ -327,48 +328,69 @@ class Learner(WeightSource):
         return self._end_step(totals, started)
 
     # A step in several calls (train.stream_groups): open_step, then stream_micro_batches as the
-    # step's groups are scored, then close_step with the step's normalizer, known only once every
-    # group is in. The losses are backpropagated as sums and the gradients divided by the
-    # normalizer before the optimizer step: exact where gradients are still whole on each rank
-    # before the step (ZeRO 0-1 in float32, which the config requires), where a backward is also
-    # local, so that ranks may run different numbers of passes.
+    # step's groups are scored, then close_step with what only the whole step knows (each
+    # mini-batch's loss normalizer, the advantages' whitening divisor). The first mini-batch's
+    # losses are backpropagated as sums and its gradients divided before its optimizer step:
+    # exact where gradients are still whole on each rank before the step (ZeRO 0-1 in float32,
+    # which the config requires), where a backward is also local, so that ranks may run different
+    # numbers of passes. A later mini-batch's micro-batches get their step-start logprobs as they
+    # come (train_step's separate pass) and train at the close, after the earlier steps.
 
     def open_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> None:
-        """Start a step of one mini-batch whose micro-batches come in several calls."""
+        """Start a step whose micro-batches come in several calls."""
         started = time.monotonic()
         self._begin_step(loss_config, temperature, kl_coef)
         self._open.busy_s = time.monotonic() - started
 
-    def stream_micro_batches(self, micros: list[list[TrainSequence]]) -> None:
-        """Forward and backward of `micros` (each a micro-batch's sequences) in the open step, the
-        loss a sum (normalizer 1) until close_step."""
+    def stream_micro_batches(self, micros: list[list[TrainSequence]], mini: int = 0) -> None:
+        """`micros` (each a micro-batch's sequences) of mini-batch `mini` of the open step: the
+        first's forward and backward, the loss a sum (normalizer 1) until close_step; a later
+        one's logprobs before any update, its training kept for close_step."""
         started = time.monotonic()
         step = self._open
         for seqs in micros:
-            for key, value in self._micro_step(self._pack(seqs), None, 1.0, None).items():
-                step.sums[key] = step.sums.get(key, 0.0) + value
-            step.passes += 1
+            batch = self._pack(seqs)
+            if mini == 0:
+                for key, value in self._micro_step(batch, None, 1.0, None).items():
+                    step.sums[key] = step.sums.get(key, 0.0) + value
+                step.passes += 1
+            else:
+                with torch.no_grad():
+                    logprobs, entropy = self._logprobs(self.engine, batch, step.temperature, entropy=True)
+                step.entropy_sum += entropy
+                step.later.append((mini, batch, logprobs))
         step.busy_s += time.monotonic() - started
 
-    def close_step(self, normalizer: float, divisor: float = 1.0) -> dict[str, float]:
-        """The open step's optimizer step, its gradients divided by `normalizer` (the whole
-        mini-batch's over all ranks, as train_step's) and by `divisor`, what the batch's advantages
-        were whitened by (every policy loss but its KL term is linear in a positive scale of the
-        advantages; the config refuses a KL term with whitening); its statistics."""
+    def close_step(self, normalizers: list[float | None], divisor: float = 1.0) -> dict[str, float]:
+        """The open step's optimizer steps, one per mini-batch with sequences (`normalizers`: each
+        mini-batch's over all ranks, as train_step's; None: it has none), the gradients divided by
+        its normalizer and by `divisor`, what the batch's advantages were whitened by (every policy
+        loss but its KL term is linear in a positive scale of the advantages; the config refuses a
+        KL term with whitening); its statistics."""
         started = time.monotonic()
         step = self._open
-        for p in self.engine.module.parameters():
-            if not p.requires_grad:
+        sums = step.sums
+        for mini, normalizer in enumerate(normalizers):
+            if normalizer is None:
                 continue
-            if p.grad is None:  # a rank given no micro-batch still joins the step's reduction
-                p.grad = torch.zeros_like(p)
-            else:
-                p.grad.div_(normalizer * divisor)
-        totals = {key: value / max(step.passes, 1) for key, value in step.sums.items()}
-        totals["loss"] = totals.get("loss", 0.0) / (normalizer * divisor)
+            if mini == 0:
+                sums["loss"] = sums.get("loss", 0.0) / (normalizer * divisor)
+            for m, batch, logprobs in step.later:
+                if m == mini:
+                    for key, value in self._micro_step(batch, logprobs, normalizer * divisor, None).items():
+                        sums[key] = sums.get(key, 0.0) + value
+                    step.passes += 1
+            for p in self.engine.module.parameters():
+                if not p.requires_grad:
+                    continue
+                if p.grad is None:  # a rank given no micro-batch of it still joins the step's reduction
+                    p.grad = torch.zeros_like(p)
+                elif mini == 0:
+                    p.grad.div_(normalizer * divisor)
+            self._apply_step()
+        totals = {key: value / max(step.passes, 1) for key, value in sums.items()}
         if "pg_loss" in totals:
             totals["pg_loss"] /= divisor
-        self._apply_step()
         return self._end_step(totals, started - step.busy_s)
 
     def _begin_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> None:

@@ -86,15 +86,15 @@ class LearnerGroup:
         self.streamed = [r.open_step.remote(loss, temperature, kl_coef) for r in self.ranks]  # calls under way
         self.turn = 0  # the rank the next send begins with
 
-    def stream(self, sequences: list[TrainSequence]) -> None:
-        """Hand `sequences` (whole groups, their advantages before whitening) to the open step: laid
-        out in micro-batches and dealt to the ranks as train_step does (fewer sequences than ranks:
-        to as many ranks, taking turns), their passes run in the order they come; returns at once.
-        With ZeRO 0-1 a backward is local, so ranks need not run the same number of passes."""
+    def stream(self, sequences: list[TrainSequence], mini: int = 0) -> None:
+        """Hand `sequences` (whole groups, their advantages before whitening) of mini-batch `mini`
+        to the open step: laid out in micro-batches and dealt to the ranks as train_step does (fewer
+        sequences than ranks: to as many ranks, taking turns), run in the order they come; returns
+        at once. With ZeRO 0-1 a backward is local, so ranks need not run the same number of passes."""
         n = min(len(self.ranks), len(sequences))
         for j, micros in enumerate(self._micro_batches(sequences, n)):
             rank = self.ranks[(self.turn + j) % len(self.ranks)]
-            self.streamed.append(rank.stream_micro_batches.remote([[sequences[i] for i in m] for m in micros]))
+            self.streamed.append(rank.stream_micro_batches.remote([[sequences[i] for i in m] for m in micros], mini))
         self.turn += n
 
     def busy(self) -> bool:
@@ -102,13 +102,14 @@ class LearnerGroup:
         self.streamed = ray.wait(self.streamed, num_returns=len(self.streamed), timeout=0)[1] if self.streamed else []
         return bool(self.streamed)
 
-    def close_step(self, sequences: list[TrainSequence], aggregation: str, max_new_tokens: int, divisor: float) -> dict[str, float]:
-        """The open step's optimizer step; `sequences` are every one streamed into it, for its
-        normalizer, and `divisor` what the batch's advantages were whitened by (they were streamed
-        before it was known)."""
-        normalizer = loss_normalizer(aggregation, [trained_tokens(s) for s in sequences], max_new_tokens)
+    def close_step(self, minis: list[list[TrainSequence]], aggregation: str, max_new_tokens: int, divisor: float) -> dict[str, float]:
+        """The open step's optimizer steps: `minis` are the sequences streamed into each of its
+        mini-batches, for their normalizers, and `divisor` what the batch's advantages were
+        whitened by (they were streamed before it was known)."""
+        normalizers = [loss_normalizer(aggregation, [trained_tokens(s) for s in mini], max_new_tokens) if mini else None
+                       for mini in minis]
         pending, self.streamed = self.streamed, []
-        closed = self._wait(pending + [r.close_step.remote(normalizer, divisor) for r in self.ranks], "train_step")
+        closed = self._wait(pending + [r.close_step.remote(normalizers, divisor) for r in self.ranks], "train_step")
         return merge_stats(closed[len(pending):])
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:

@@ -61,11 +61,10 @@ def test_invalid_field_is_named_with_its_reason(override, field, reason):
     assert reason in str(err.value)
 
 
-STREAMED = ["train.stream_groups=true", "learner.optimizer_steps=1"]
+STREAMED = ["train.stream_groups=true"]
 
 
 @pytest.mark.parametrize("overrides, reason", [
-    (["learner.optimizer_steps=2"], "learner.optimizer_steps=2"),
     (["learner.zero_stage=2"], "learner.zero_stage=2"),
     (["learner.dtype=bfloat16"], "learner.dtype=bfloat16"),
     (["learner.advantage.type=reinforce_pp"], "learner.advantage.type=reinforce_pp"),

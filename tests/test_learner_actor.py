@@ -160,17 +160,19 @@ def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
     assert 0 < stats1["entropy"] and stats2["entropy"] == pytest.approx(stats1["entropy"], rel=1e-4)
 
 
-@pytest.mark.parametrize("ranks, stage", [(1, 0), (2, 1)])
-def test_a_step_streamed_in_parts_takes_the_step_of_the_whole_batch(ray_cluster, tiny_model, tmp_path, ranks, stage):
-    """train.stream_groups: a step opened, its sequences streamed in three sends (the first of one
-    sequence: a rank gets none) with advantages before whitening (here twice the whitened ones)
-    and closed with the normalizer and the whitening divisor takes train_step's step on the whole
-    batch: the same gradient norm before clipping and the same weights."""
+@pytest.mark.parametrize("ranks, stage, minis", [(1, 0, 1), (2, 1, 2)])
+def test_a_step_streamed_in_parts_takes_the_step_of_the_whole_batch(ray_cluster, tiny_model, tmp_path, ranks, stage, minis):
+    """train.stream_groups: a step opened, its sequences streamed in sends (the first of one
+    sequence: a rank gets none) with advantages before whitening (here twice the whitened ones),
+    each send of one mini-batch, and closed with the mini-batches' normalizers and the whitening
+    divisor takes train_step's step (or steps) on the whole batch: the same gradient norm before
+    clipping, the same entropy at the step's start and the same weights."""
     _, sequences = batch(tiny_model, count=12)
     unwhitened = [replace(s, advantages=[2.0 * a for a in s.advantages]) for s in sequences]
+    halves = [unwhitened[:6], unwhitened[6:]] if minis == 2 else [unwhitened]  # as train_step splits them
     results = {}
     for mode in ("whole", "streamed"):
-        config = LearnerConfig(num_ranks=ranks if mode == "streamed" else 1, zero_stage=stage, optimizer_steps=1, lr=1e-3,
+        config = LearnerConfig(num_ranks=ranks if mode == "streamed" else 1, zero_stage=stage, optimizer_steps=minis, lr=1e-3,
                                max_tokens_per_micro_batch=200)
         learner = LearnerGroup(str(tiny_model), config)
         try:
@@ -178,14 +180,15 @@ def test_a_step_streamed_in_parts_takes_the_step_of_the_whole_batch(ray_cluster,
                 stats = learner.train_step(sequences, *loss(config))
             else:
                 learner.open_step(*loss(config)[:3])
-                for part in (unwhitened[:1], unwhitened[1:5], unwhitened[5:]):
-                    learner.stream(part)
-                stats = learner.close_step(unwhitened, config.loss.aggregation, 48, divisor=2.0)
+                for part, mini in [(unwhitened[:1], 0), (unwhitened[1:5], 0), (unwhitened[5:6], 0), (unwhitened[6:9], minis - 1),
+                                   (unwhitened[9:], minis - 1)]:
+                    learner.stream(part, mini)
+                stats = learner.close_step(halves, config.loss.aggregation, 48, divisor=2.0)
             results[mode] = saved_weights(learner, tmp_path / mode), stats
         finally:
             learner.kill()
     (whole, whole_stats), (streamed, streamed_stats) = results["whole"], results["streamed"]
-    assert whole_stats["grad_norm"] > 0
+    assert whole_stats["grad_norm"] > 0  # the last optimizer step's
     assert streamed_stats["grad_norm"] == pytest.approx(whole_stats["grad_norm"], rel=1e-5)
     assert streamed_stats["tokens"] == whole_stats["tokens"]
     assert streamed_stats["entropy"] == pytest.approx(whole_stats["entropy"], rel=1e-5)

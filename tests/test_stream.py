@@ -5,8 +5,11 @@ import pytest
 from coderloo.config import load_config
 from coderloo.controller import train
 from coderloo.metrics import read_metrics
-from coderloo.stream import check_same
+from coderloo.stream import GroupStream, check_same
+from coderloo.tasksets.synthetic import synthetic_suite
+from learner.algorithm import build_batch, to_sequences
 from learner.batch import TrainSequence
+from test_algorithm import reward, trajectory, turn
 
 
 def test_a_streamed_run_trains_as_the_same_run_does_with_the_whole_batch(ray_cluster, tiny_model, tmp_path):
@@ -51,3 +54,48 @@ def test_streamed_sequences_that_are_not_the_batchs_stop_the_step():
                            ([seq([5], -1.0), seq([3, 5], 1.0)], 2.0)]:  # another completion
         with pytest.raises(RuntimeError, match="train.stream_groups: the 2 sequences streamed into the step are not the"):
             check_same(sent, batch, divisor)
+
+
+class RecordingLearner:
+    """LearnerGroup's streaming calls, recorded (pure logic: what GroupStream sends, in what
+    mini-batch, and what it closes with); `busy` as told."""
+
+    def __init__(self):
+        self.calls, self.is_busy = [], False
+
+    def open_step(self, loss, temperature, kl_coef):
+        self.calls.append(("open",))
+
+    def stream(self, sequences, mini=0):
+        self.calls.append(("stream", mini, [s.completion_ids[0] for s in sequences]))
+
+    def busy(self):
+        return self.is_busy
+
+    def close_step(self, minis, aggregation, max_new_tokens, divisor):
+        self.calls.append(("close", [[s.completion_ids[0] for s in m] for m in minis], divisor))
+        return {}
+
+
+def test_groups_stream_in_the_order_they_are_scored_a_mini_batch_per_send_gathered_while_the_learner_is_busy():
+    """optimizer_steps 2, 4 prompts: the first 2 groups to be scored are the first mini-batch, the
+    next 2 the second (a uniform group counts, and sends nothing: it is filtered); while the learner is busy groups
+    wait and go as one send, never one that mixes mini-batches; the close gets each mini-batch's
+    sequences and the batch's whitening divisor, after checking them against the batch's."""
+    config = load_config("configs/default.yaml", ["train.stream_groups=true", "train.prompts_per_step=4", "rollout.samples_per_prompt=2"])
+    tasks = synthetic_suite()["train"][:4]
+    groups = [[trajectory(tasks[g], turn(2, reward(r), start=10 * g + j)) for j, r in enumerate(row)]  # completions start at 10g + j
+              for g, row in enumerate([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [1.0, 0.5]])]
+    learner = RecordingLearner()
+    stream = GroupStream(learner, config, step=1)
+    stream.add(groups[2])  # scored first: sent at once
+    learner.is_busy = True
+    stream.add(groups[0])  # waits (mini-batch 0)
+    stream.add(groups[1])  # the third scored, mini-batch 1's: what waits of mini-batch 0 goes; uniform, it adds nothing
+    stream.add(groups[3])  # waits (mini-batch 1) until the close
+
+    batch = build_batch(to_sequences(groups), config.learner, 1)
+    stream.close(batch, batch.sequences)
+    assert learner.calls == [("open",), ("stream", 0, [20, 21]), ("stream", 0, [0, 1]), ("stream", 1, [30, 31]),
+                             ("close", [[20, 21, 0, 1], [30, 31]], batch.divisor)]
+    assert batch.divisor != 1.0  # whitened: the close divides by it
