@@ -181,8 +181,9 @@ class TrainConfig(Section):
         "up to float rounding; only the mini-batches' membership follows the order the groups were scored in. Needs "
         "what can be computed group by group: learner.zero_stage 0 or 1 in float32, a group-baseline estimator, no KL "
         "or critic term in the reward (nor a KL term in the loss with whitened advantages), no replay, refills or "
-        "partial rollouts; each refused naming its field. Pays where the learner has a device of its own "
-        "(configs/async-pinned.yaml).",
+        "partial rollouts; each refused naming its field. Pays where the learner's work after a step's last group "
+        "is the step's critical path: synchronous steps (max_staleness 0) with the roles on devices of their own; "
+        "asynchronous steps already overlap that work with the next step's rollouts (bench/results.md, pipeline).",
     )
     max_refill_rounds: int = Field(
         default=0, ge=0,

@@ -95,7 +95,7 @@ STEP_GAUGES = {
     "syntax_rate": ("coderloo_syntax_rate", "Share of the step's completions that parse."),
     "staleness_mean": ("coderloo_staleness_mean", "Policy versions between a learned sample's sampler and the learner (mean)."),
     "staleness_max": ("coderloo_staleness_max", "Policy versions between a learned sample's sampler and the learner (max)."),
-    "learner_idle_fraction": ("coderloo_learner_idle_fraction", "Share of the step the learner waited for rollouts."),
+    "learner_idle_fraction": ("coderloo_learner_idle_fraction", "Share of the step the learner was not at its work."),
 }
 # The learner's numbers of a step that trained (a step whose groups were all uniform has none).
 LEARNER_GAUGES = {

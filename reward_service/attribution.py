@@ -68,9 +68,8 @@ def token_rewards(
         return out, penalized
     c = reward.components
     # (name, weight, score) of coverage and each plugged-in component: spread, and a blamed shortfall
-    scored = [(name, weight, score) for name, weight, score in
-              [("coverage", weights.coverage, c.coverage)] + [(s.name, s.weight, c.domain.get(s.name)) for s in components]
-              if score is not None and weight]
+    weight_of = {"coverage": weights.coverage, **{s.name: s.weight for s in components}}
+    scored = [(name, weight_of.get(name, 0.0), score) for name, score in c.shaping().items() if score is not None and weight_of.get(name)]
     domain = sum(weight * (1.0 if reward.blame.get(name) else score) for name, weight, score in scored)
     shared = (
         weights.syntax * c.syntax + weights.functionality * c.functionality + weights.performance * (c.performance or 0.0)

@@ -54,6 +54,10 @@ class Components(BaseModel):
         default_factory=dict, description="Each plugged-in component's score in [0, 1] (reward.components), by name; "
         "null where it said nothing of the item.")
 
+    def shaping(self) -> dict[str, float | None]:
+        """The shaping terms by name: coverage and each plugged-in component."""
+        return {"coverage": self.coverage, **self.domain}
+
 
 class Diagnostic(BaseModel):
     """A problem at rows/columns of the program (1-based, columns in characters; end exclusive).

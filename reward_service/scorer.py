@@ -233,18 +233,17 @@ class RewardScorer:
         functionality = result.fraction_passed
         lint = None if diagnostics is None else min(len(diagnostics), w.lint_saturation) / w.lint_saturation
         covered = coverage(analysis.program, result.lines_executed) if w.coverage else None
-        if covered is not None:
-            domain = {**domain, "coverage": covered}
+        shaping = {"coverage": covered, **domain}
+        weights = {"coverage": w.coverage, **{spec.name: spec.weight for spec in self.components.specs}}
         total = (
-            w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0)
-            + w.performance * (performance or 0.0) + w.coverage * (covered.value if covered else 0.0)
-            + sum(spec.weight * domain[spec.name].value for spec in self.components.specs if domain.get(spec.name) is not None)
+            w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0) + w.performance * (performance or 0.0)
+            + sum(weights[name] * s.value for name, s in shaping.items() if s is not None)
         )
         return ItemReward(
             components=Components(syntax=syntax, functionality=functionality, lint=lint, performance=performance,
                                   coverage=covered.value if covered else None,
-                                  domain={name: None if s is None else s.value for name, s in domain.items() if name != "coverage"}),
-            blame={name: s.blame for name, s in domain.items() if s is not None and s.blame},
+                                  domain={name: None if s is None else s.value for name, s in domain.items()}),
+            blame={name: s.blame for name, s in shaping.items() if s is not None and s.blame},
             total=total, passed=result.status == Status.passed, status=result.status,
             diagnostics=([analysis.syntax_error] if analysis.syntax_error else []) + (diagnostics or []),
             feedback=execution_feedback(task, result, task.run_limits(self.limits)), token_rewards=None,

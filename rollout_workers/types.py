@@ -139,7 +139,7 @@ def domain_means(outcomes: list[ItemReward]) -> dict[str, float]:
     (component_<name>_mean)."""
     scores: dict[str, list[float]] = {}
     for r in outcomes:
-        for name, value in {"coverage": r.components.coverage, **r.components.domain}.items():
+        for name, value in r.components.shaping().items():
             if value is not None:
                 scores.setdefault(name, []).append(value)
     return {f"component_{name}_mean": sum(v) / len(v) for name, v in scores.items()}
