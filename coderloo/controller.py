@@ -34,8 +34,8 @@ from coderloo.ops.resources import ResourceSampler
 from coderloo.pool import GroupPool
 from coderloo.report import write_report
 from coderloo.rundir import claim
-from coderloo.stream import GroupStream
 from coderloo.runtime import REPO_ROOT
+from coderloo.stream import GroupStream
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
 from common.hf import load_tokenizer
@@ -398,16 +398,16 @@ class Trainer:
             while self.next_launch <= train.steps and len(self.jobs) <= train.max_staleness:
                 tasks, seed = self.draw.draw(), generation_seed(config, self.next_launch, 0)
                 scored = queue.SimpleQueue() if train.stream_groups else None
-                done = (lambda index, group, scoring_s, scored=scored: scored.put(group)) if scored is not None else None
+                done = (lambda index, group, scoring_s, scored=scored: scored.put((index, group))) if scored is not None else None
                 run = in_background(self.actors.strategy.run, tasks, self.sampling(self.next_launch), seed, None, done)
                 self.jobs.append(Job(self.next_launch, tasks, run, scored))
                 self.next_launch += 1
             job = self.jobs.popleft()
             if job.scored is not None:
-                self.stream = GroupStream(self.actors.learner, config, step)
+                self.stream = GroupStream(self.actors.learner, config, step, len(job.tasks))
                 while not (job.rollouts.done() and job.scored.empty()):  # a run calls `done` for every group before it returns
                     try:
-                        self.stream.add(job.scored.get(timeout=0.05))
+                        self.stream.add(*job.scored.get(timeout=0.05))
                     except queue.Empty:
                         self.stream.pump()
             rollouts = job.rollouts.result()

@@ -6,8 +6,9 @@ within a group); its sequences are sent to the ranks at once when they are idle,
 one send while they are busy (or until a micro-batch per rank is full). What only the whole step
 knows, the loss's normalizer and the advantages' whitening divisor, divides the gradients before
 the optimizer step (learner.actor.Learner.close_step), so the update is the one train_step makes on
-the whole batch split in mini-batches as they were scored, up to float rounding: `close` checks
-that the streamed sequences are the batch's.
+the whole batch, up to float rounding (with several mini-batches, as long as no group is filtered
+out: train_step splits the kept sequences evenly, a streamed step by task before it knows which
+are kept): `close` checks that the streamed sequences are the batch's.
 """
 from __future__ import annotations
 
@@ -21,51 +22,51 @@ from rollout_workers.types import Trajectory
 
 
 class GroupStream:
-    """Step `step`'s groups into `learner` as they come (`add`), its optimizer steps at `close`.
+    """Step `step`'s groups (of its `tasks` tasks) into `learner` as they come (`add`), its
+    optimizer steps at `close`.
 
-    With learner.optimizer_steps k, the first 1/k of the step's groups to be scored make its first
-    mini-batch, trained as they come; the next 1/k its second, and so on: their logprobs at the
-    step's start are taken as they come, their training waits for the earlier steps (at the close).
+    With learner.optimizer_steps k, the groups of the step's first 1/k tasks (in the step's order,
+    as train_step splits a batch) are its first mini-batch, backpropagated as they come; the
+    others' logprobs at the step's start are taken as they come, and they train after the earlier
+    steps (at the close). Which groups share a mini-batch does not depend on when they were scored.
     """
 
-    def __init__(self, learner: LearnerGroup, config, step: int):
-        self.learner, self.config, self.step = learner, config, step
-        self.waiting: list[TrainSequence] = []  # not sent yet: the ranks were busy
-        self.mini = 0  # the mini-batch of what waits
-        self.sent: list[list[TrainSequence]] = [[] for _ in range(config.learner.optimizer_steps)]
-        self.groups = 0
+    def __init__(self, learner: LearnerGroup, config, step: int, tasks: int):
+        self.learner, self.config, self.step, self.tasks = learner, config, step, tasks
+        k = config.learner.optimizer_steps
+        self.waiting: list[list[TrainSequence]] = [[] for _ in range(k)]  # by mini-batch, not sent yet: the ranks were busy
+        self.sent: list[list[TrainSequence]] = [[] for _ in range(k)]
         self.opened = False
         self.sends, self.first_sent = 0, 0.0
 
-    def add(self, group: list[Trajectory]) -> None:
-        """A scored group of the step: its kept sequences, with their advantages before whitening."""
+    def add(self, index: int, group: list[Trajectory]) -> None:
+        """The scored group of the step's task `index`: its kept sequences, with their advantages
+        before whitening."""
         config, learn = self.config, self.config.learner
-        mini = min(self.groups * learn.optimizer_steps // config.train.prompts_per_step, learn.optimizer_steps - 1)
-        self.groups += 1
-        if mini != self.mini:
-            self.pump(last=True)  # a send holds one mini-batch's sequences
-            self.mini = mini
         samples = to_sequences([group], token_rewards=learn.dense_rewards, concat=config.env.train_as == "concat")
         alone = build_batch(samples, learn, self.step, max_new_tokens=config.rollout.max_new_tokens, turn_cost=config.env.turn_cost,
                             whitened=False)
-        self.waiting += alone.sequences
+        self.waiting[min(index * learn.optimizer_steps // self.tasks, learn.optimizer_steps - 1)] += alone.sequences
         self.pump()
 
     def pump(self, last: bool = False) -> None:
-        """Send what waits if the ranks are idle, a micro-batch per rank is full, or nothing more will come."""
-        if not self.waiting:
+        """Send what waits if the ranks are idle, a micro-batch per rank is full, or nothing more will
+        come; a send holds one mini-batch's sequences."""
+        if not any(self.waiting):
             return
         learn = self.config.learner
-        full = sum(len(s.prompt_ids) + len(s.completion_ids) for s in self.waiting) >= learn.max_tokens_per_micro_batch * learn.num_ranks
+        full = sum(len(s.prompt_ids) + len(s.completion_ids) for w in self.waiting for s in w) >= learn.max_tokens_per_micro_batch * learn.num_ranks
         if self.opened and not (last or full) and self.learner.busy():
             return
         if not self.opened:
             self.learner.open_step(learn.loss, self.config.rollout.temperature_at(self.step), learn.loss_kl_coef(self.step))
             self.opened, self.first_sent = True, time.time()
-        self.learner.stream(self.waiting, self.mini)
-        self.sends += 1
-        self.sent[self.mini] += self.waiting
-        self.waiting = []
+        for mini, sequences in enumerate(self.waiting):
+            if sequences:
+                self.learner.stream(sequences, mini)
+                self.sends += 1
+                self.sent[mini] += sequences
+                self.waiting[mini] = []
 
     def close(self, batch: Batch, sequences: list[TrainSequence]) -> dict[str, float]:
         """The step's optimizer steps, once every group is in: `batch` is the whole step's (build_batch

@@ -2,7 +2,8 @@
 
 `learner.group.LearnerGroup` creates the ranks, deals each step's micro-batches to them and
 merges their statistics. Each rank runs the same number of forward/backward passes per optimizer
-step (ZeRO reduces gradients at each backward); gradients are accumulated by us over a variable
+step (ZeRO-2 and 3 reduce gradients at each backward; with ZeRO 0-1 DeepSpeed reduces them at the
+step, which a streamed step relies on: open_step); gradients are accumulated by us over a variable
 number of token-budget micro-batches (DeepSpeed's unmanaged gradient accumulation), and every
 loss is a sum over tokens divided by a normalizer of the whole mini-batch across ranks, so the
 gradient does not depend on how the batch was split.

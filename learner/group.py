@@ -83,7 +83,7 @@ class LearnerGroup:
     def open_step(self, loss: PolicyLoss, temperature: float, kl_coef: float) -> None:
         """Start a step whose sequences come in several `stream` calls as its groups are scored
         (train.stream_groups); train_step's arguments but the sequences."""
-        self.streamed = [r.open_step.remote(loss, temperature, kl_coef) for r in self.ranks]  # calls under way
+        self.streamed = [r.open_step.remote(loss, temperature, kl_coef) for r in self.ranks]  # the step's calls
         self.turn = 0  # the rank the next send begins with
 
     def stream(self, sequences: list[TrainSequence], mini: int = 0) -> None:
@@ -98,9 +98,9 @@ class LearnerGroup:
         self.turn += n
 
     def busy(self) -> bool:
-        """Whether a rank has streamed work it has not finished."""
-        self.streamed = ray.wait(self.streamed, num_returns=len(self.streamed), timeout=0)[1] if self.streamed else []
-        return bool(self.streamed)
+        """Whether a rank has streamed work it has not finished (every call is kept until the close,
+        which surfaces one that failed)."""
+        return bool(ray.wait(self.streamed, num_returns=len(self.streamed), timeout=0)[1]) if self.streamed else False
 
     def close_step(self, minis: list[list[TrainSequence]], aggregation: str, max_new_tokens: int, divisor: float) -> dict[str, float]:
         """The open step's optimizer steps: `minis` are the sequences streamed into each of its

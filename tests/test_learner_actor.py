@@ -1,6 +1,7 @@
 """The DeepSpeed learner at each ZeRO stage and with two ranks: steps change the weights, the
 weights it publishes are whole (ZeRO-3 partitions them), and ranks stay identical."""
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -196,6 +197,24 @@ def test_a_step_streamed_in_parts_takes_the_step_of_the_whole_batch(ray_cluster,
     assert any(not torch.equal(whole[n], initial[n]) for n in initial)
     for name in initial:
         torch.testing.assert_close(streamed[name], whole[name], rtol=0, atol=1e-5, msg=name)  # as two ranks against one
+
+
+def test_a_streamed_call_that_failed_fails_the_close(ray_cluster, tiny_model):
+    """A streamed call's error is not lost once the learner is idle again: the close raises it, and
+    no optimizer step is taken on part of the step."""
+    _, sequences = batch(tiny_model, count=2)
+    config = LearnerConfig(optimizer_steps=1)
+    learner = LearnerGroup(str(tiny_model), config)
+    try:
+        learner.open_step(*loss(config)[:3])
+        learner.stream([replace(sequences[0], advantages=[1.0])])  # one advantage for several tokens: the rank raises
+        while learner.busy():
+            time.sleep(0.05)
+        learner.stream(sequences[1:])
+        with pytest.raises(ray.exceptions.RayTaskError, match="advantages"):
+            learner.close_step([sequences], config.loss.aggregation, 48, divisor=1.0)
+    finally:
+        learner.kill()
 
 
 def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, tmp_path):

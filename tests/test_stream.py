@@ -77,25 +77,25 @@ class RecordingLearner:
         return {}
 
 
-def test_groups_stream_in_the_order_they_are_scored_a_mini_batch_per_send_gathered_while_the_learner_is_busy():
-    """optimizer_steps 2, 4 prompts: the first 2 groups to be scored are the first mini-batch, the
-    next 2 the second (a uniform group counts, and sends nothing: it is filtered); while the learner is busy groups
-    wait and go as one send, never one that mixes mini-batches; the close gets each mini-batch's
-    sequences and the batch's whitening divisor, after checking them against the batch's."""
+def test_groups_stream_as_they_are_scored_into_the_mini_batch_of_their_task_gathered_while_the_learner_is_busy():
+    """optimizer_steps 2, 4 tasks: the groups of the first 2 tasks are the first mini-batch and the
+    others the second, whatever order they were scored in; a uniform group (filtered) sends nothing;
+    what arrives while the learner is busy waits and goes in one send per mini-batch; the close gets
+    each mini-batch's sequences and the batch's whitening divisor, after checking them against the
+    batch's."""
     config = load_config("configs/default.yaml", ["train.stream_groups=true", "train.prompts_per_step=4", "rollout.samples_per_prompt=2"])
     tasks = synthetic_suite()["train"][:4]
     groups = [[trajectory(tasks[g], turn(2, reward(r), start=10 * g + j)) for j, r in enumerate(row)]  # completions start at 10g + j
               for g, row in enumerate([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [1.0, 0.5]])]
     learner = RecordingLearner()
-    stream = GroupStream(learner, config, step=1)
-    stream.add(groups[2])  # scored first: sent at once
+    stream = GroupStream(learner, config, step=1, tasks=4)
+    stream.add(2, groups[2])  # scored first: sent at once, the second mini-batch's
     learner.is_busy = True
-    stream.add(groups[0])  # waits (mini-batch 0)
-    stream.add(groups[1])  # the third scored, mini-batch 1's: what waits of mini-batch 0 goes; uniform, it adds nothing
-    stream.add(groups[3])  # waits (mini-batch 1) until the close
-
+    stream.add(0, groups[0])  # waits
+    stream.add(1, groups[1])  # uniform: filtered out
+    stream.add(3, groups[3])  # waits
     batch = build_batch(to_sequences(groups), config.learner, 1)
     stream.close(batch, batch.sequences)
-    assert learner.calls == [("open",), ("stream", 0, [20, 21]), ("stream", 0, [0, 1]), ("stream", 1, [30, 31]),
-                             ("close", [[20, 21, 0, 1], [30, 31]], batch.divisor)]
+    assert learner.calls == [("open",), ("stream", 1, [20, 21]), ("stream", 0, [0, 1]), ("stream", 1, [30, 31]),
+                             ("close", [[0, 1], [20, 21, 30, 31]], batch.divisor)]
     assert batch.divisor != 1.0  # whitened: the close divides by it
