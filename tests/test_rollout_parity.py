@@ -272,8 +272,10 @@ def test_generation_calls_side_by_side_share_one_engine(ray_cluster, tiny_model)
     worker = InFlightRolloutWorker.remote(str(tiny_model), "vllm", threads=1)
     group = RolloutGroup([worker], in_flight=True, side_by_side=True)
     short = GenerationParams(n=1, max_new_tokens=4, temperature=0.0)
-    # The untrained model rarely ends a sampled completion: each of these runs to about 400 tokens.
-    long = GenerationParams(n=2, max_new_tokens=400, temperature=1.0)
+    # The untrained model rarely ends a sampled completion: each of these runs to about 400 tokens,
+    # 8 a prompt, so that the call lasts seconds on a fast machine (with 2 a prompt it ended within
+    # the second the short call waits, and the two calls ran one after the other).
+    long = GenerationParams(n=8, max_new_tokens=400, temperature=1.0)
     try:
         alone = group.generate(PROMPTS[:3], short)
         events, got = [], {}
@@ -290,7 +292,7 @@ def test_generation_calls_side_by_side_share_one_engine(ray_cluster, tiny_model)
 
         running = threading.Thread(target=call, args=("long", PROMPTS, long))
         running.start()
-        time.sleep(1.0)  # the long call is in the engine
+        time.sleep(0.5)  # the long call is in the engine
         call("short", PROMPTS[:3], short)
         running.join()
         # one call after the other, the long one would hand all its outputs over first (a sampled
@@ -298,8 +300,8 @@ def test_generation_calls_side_by_side_share_one_engine(ray_cluster, tiny_model)
         last_long = max(i for i, e in enumerate(events) if e == "long")
         assert all(i < last_long for i, e in enumerate(events) if e == "short"), events
         assert [[s.token_ids for s in r.samples] for r in got["short"]] == [[s.token_ids for s in r.samples] for r in alone]
-        # the short call samples 1 a prompt, the long 2: none of one call's outputs went to the other
-        assert len(got["long"]) == len(PROMPTS) and all(len(r.samples) == 2 for r in got["long"])
+        # the short call samples 1 a prompt, the long 8: none of one call's outputs went to the other
+        assert len(got["long"]) == len(PROMPTS) and all(len(r.samples) == 8 for r in got["long"])
         assert [r.prompt_ids for r in got["long"]] == [r.prompt_ids for r in group.generate(PROMPTS, short)]
     finally:
         ray.kill(worker)
