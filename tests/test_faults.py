@@ -161,7 +161,11 @@ def test_killed_oom_killed_and_stuck_actors_are_survived_until_the_learner_is_ki
     assert oom_kills(cgroup) == seen["oom_kills_before"] + 1  # the kernel's OOM killer, in the worker's cgroup
     steps = rl_steps(out)
     # no step lost or repeated, every one before the learner's death recorded: it died on the way to the next
-    assert [r["step"] for r in steps] == list(range(1, seen["learner_killed_after"] + 1))
+    # The blow-up waits for the learner's call under way, so a step that had trained when it was asked
+    # for may still be recorded after the count was read (a fresh-clone make test saw it once).
+    recorded = [r["step"] for r in steps]
+    assert recorded == list(range(1, len(recorded) + 1))
+    assert seen["learner_killed_after"] <= len(recorded) <= seen["learner_killed_after"] + 1, (recorded, seen)
     assert all(r["samples"] == 16 for r in steps)  # no sample lost or counted twice: the lost prompts were generated again, once
     # each death of the worker was recovered from: its in-flight prompts generated again, or it was restored at a push
     for fault in ("killed", "oom"):
