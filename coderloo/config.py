@@ -86,7 +86,7 @@ class SFTConfig(Section):
     demonstrations: float = Field(
         default=0.0, ge=0, le=1,
         description="Share of each SFT batch that is multi-turn demonstrations of env.name, built from the training tasks "
-        "and run for real (rollout_workers/demonstrations.py): refine and public_tests, a wrong attempt (a mutant of the "
+        "and run for real (rollout_workers/demonstrations.py): refine, a wrong attempt (a mutant of the "
         "reference), its feedback and the fix; interpreter, a probe, its output and the answer.",
     )
 
@@ -231,7 +231,7 @@ class Config(Section):
     env: EnvConfig = Field(
         default_factory=SingleEnv,
         description="The environment of a trajectory: one attempt, or several turns with refinement from execution feedback, "
-        "a code interpreter, or self-repair on public tests (rollout_workers/environments.py).",
+        "feedback from the shown tests, or a code interpreter (rollout_workers/environments.py).",
     )
     prompt: PromptConfig = Field(
         default_factory=PromptConfig,
@@ -287,7 +287,7 @@ class Config(Section):
     def _multi_turn_rewards(self) -> "Config":
         if self.sft.demonstrations and not self.env.multi_turn:
             raise ValueError("sft.demonstrations: multi-turn demonstrations are of an environment; set env.name "
-                             "(refine, interpreter, public_tests) or sft.demonstrations 0")
+                             "(refine, interpreter) or sft.demonstrations 0")
         if self.env.multi_turn and self.learner.dense_rewards:
             raise ValueError(f"env.name {self.env.name} and dense rewards (learner.advantage) are not supported together: a trajectory's "
                              "turns share its sequence advantage; turn one of them off")

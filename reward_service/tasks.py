@@ -43,8 +43,9 @@ class Task(BaseModel):
     language: Literal["python", "cpp", "javascript"] = Field("python", description="The language of the program.")
     match: OutputMatch = Field(default_factory=OutputMatch, description="How outputs and call results are compared.")
     public_tests: int = Field(
-        0, ge=0, description="The first this many tests are the problem statement's public examples (the rest are "
-        "hidden: private and generated cases).")
+        0, ge=0, description="The first this many tests are shown: the statement's examples, which feedback may quote "
+        "(a contest's public cases). The rest are held: they alone decide the reward and every evaluation, and "
+        "nothing of them reaches a prompt. At least one test is held.")
     time_limit_s: float | None = Field(None, gt=0, description="The problem's time limit per case, if it has one.")
     memory_mb: int | None = Field(None, gt=0, description="The problem's memory limit, if it has one.")
     level: str | None = Field(
@@ -55,8 +56,9 @@ class Task(BaseModel):
 
     @model_validator(mode="after")
     def _tests_fit(self) -> "Task":
-        if self.public_tests > len(self.tests):
-            raise ValueError(f"public_tests is {self.public_tests} but the task has {len(self.tests)} tests")
+        if self.public_tests >= len(self.tests):
+            raise ValueError(f"public_tests is {self.public_tests} but the task has {len(self.tests)} tests: at least "
+                             "one test must be held (the tests after the shown ones decide the reward)")
         # the sandbox's own rules: a task that passes here cannot make a request the sandbox refuses
         check_tests_fit(self.tests, self.language, self.request_entry_point, self.test_setup)
         return self
@@ -65,6 +67,21 @@ class Task(BaseModel):
     def request_entry_point(self) -> str | None:
         """The entry point its sandbox requests name (none for C++: a stdin/stdout program's main)."""
         return self.entry_point if self.language != "cpp" else None
+
+    @property
+    def shown(self) -> list[Test]:
+        """The tests feedback may quote (the first `public_tests`)."""
+        return self.tests[: self.public_tests]
+
+    @property
+    def held(self) -> list[Test]:
+        """The tests that decide the reward and the evaluation, which no prompt quotes."""
+        return self.tests[self.public_tests:]
+
+    def examples(self) -> "Task | None":
+        """The task judged by its shown tests alone (what feedback may be made from), None when it
+        shows none."""
+        return self.model_copy(update={"tests": self.shown, "public_tests": 0}) if self.public_tests else None
 
     @property
     def test_kind(self) -> Literal["assert", "stdio", "call"]:
@@ -89,9 +106,9 @@ class Task(BaseModel):
         return limits.model_copy(update=overrides) if overrides else limits
 
     def execution_request(self, program: str, limits: Limits, coverage: bool = False) -> ExecutionRequest:
-        """The sandbox request that runs `program` against this task's tests (`coverage`: recording
-        the program's lines that run, where the sandbox measures them)."""
-        return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
+        """The sandbox request that runs `program` against this task's held tests (`coverage`:
+        recording the program's lines that run, where the sandbox measures them)."""
+        return ExecutionRequest(program=program, tests=self.held, test_setup=self.test_setup,
                                 entry_point=self.request_entry_point, language=self.language, match=self.match,
                                 limits=self.run_limits(limits), coverage=coverage and self.measures_coverage)
 

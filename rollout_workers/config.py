@@ -139,15 +139,6 @@ class RefineEnv(_MultiTurnEnv):
     feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
 
 
-class PublicTestsEnv(_MultiTurnEnv):
-    """stdin/stdout tasks with public cases: an attempt's feedback is its public cases' outcome, the
-    reward is the private cases' (tasks without public cases get one attempt)."""
-
-    name: Literal["public_tests"] = "public_tests"
-    max_turns: int = Field(default=3, ge=2, description="Most attempts per trajectory (1 is env single).")
-    feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
-
-
 class InterpreterEnv(_MultiTurnEnv):
     """The model may run code mid-answer (a turn ending at run_marker) and read its stdout, stderr and
     exit status, up to max_tool_calls, before its answer is scored by the tests."""
@@ -164,7 +155,7 @@ class InterpreterEnv(_MultiTurnEnv):
 
 
 # The environment a trajectory runs in (rollout_workers/environments.py), chosen by its name.
-EnvConfig = Annotated[SingleEnv | RefineEnv | InterpreterEnv | PublicTestsEnv, Field(discriminator="name")]
+EnvConfig = Annotated[SingleEnv | RefineEnv | InterpreterEnv, Field(discriminator="name")]
 
 
 def env_config(**fields) -> EnvConfig:

@@ -1,12 +1,12 @@
 """Multi-turn demonstrations for the SFT warm-up, built from the project's own tasks and run for
 real, so that a model has seen the format of its environment before RL asks it to use it.
 
-- Fixing from feedback (env refine, public_tests): a wrong first attempt (a mutant of the
+- Fixing from feedback (env refine): a wrong first attempt (a mutant of the
   reference: an off-by-one, a swapped operator; rollout_workers/mutants.py), the environment's
-  real reply to it (the sandbox's feedback), then the reference. Only the fix is trained on: the
+  real reply to it (the sandbox's feedback on the shown tests), then the reference. Only the fix is trained on: the
   wrong attempt and the feedback are context.
 - Tool use (env interpreter): a probe (the reference, then a print of a call that the task's
-  first test makes), the run marker, the run's real output, then the reference as the answer.
+  first shown test makes), the run marker, the run's real output, then the reference as the answer.
   The probe and the answer are trained on, the output is context.
 
 Each is a list of (context ids, completion ids) examples, as the SFT step takes them; contexts
@@ -68,11 +68,12 @@ def _fixes(tasks: list[Task], env: Environment, config: EnvConfig, tokenizer, pr
 
 
 def probe_call(task: Task) -> str | None:
-    """The call that the task's first test checks (`assert f(3) == 4` -> `f(3)`), None if it has no such test."""
-    if not task.tests or not isinstance(task.tests[0], str):
+    """The call that the task's first shown test checks (`assert f(3) == 4` -> `f(3)`), None if it
+    has no such test (a held test's call is never put in a prompt)."""
+    if not task.shown or not isinstance(task.shown[0], str):
         return None
     try:
-        test = ast.parse(task.tests[0]).body[0]
+        test = ast.parse(task.shown[0]).body[0]
     except SyntaxError:
         return None
     if isinstance(test, ast.Assert) and isinstance(test.test, ast.Compare) and isinstance(test.test.left, ast.Call):

@@ -7,13 +7,12 @@ continues the trajectory; one without ends it, and its reward is the trajectory'
 reward RLOO compares among a task's k trajectories). `final` marks the turns after which no other
 fits (the turn or token limits): the environment ends those, scoring what they hold as the answer.
 
-- `Refine`: every attempt is scored; a failed one is followed by its execution feedback.
+- `Refine`: every attempt is scored by the task's held tests; a failed one is followed by the
+  feedback of a run on its shown tests (Task.public_tests: a contest's public examples), or, when
+  it passes them or the task shows none, by how the held tests ended, never what they are.
 - `Interpreter`: a turn that ends at the run marker asks to run its code; the sandbox runs it
   with the task's limits and no tests, and its stdout, stderr and exit status are the observation,
-  up to `max_tool_calls`; any other turn is the answer, scored by the task's tests.
-- `PublicTests`: an attempt at a stdin/stdout task is run on the task's public cases, whose
-  outcome is the feedback; the private cases decide the reward of the attempt that passes the
-  public ones, or of the last.
+  up to `max_tool_calls`; any other turn is the answer, scored by the task's held tests.
 """
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from typing import Protocol
 from reward_service.client import RewardClient
 from reward_service.extract import extract
 from reward_service.schemas import ItemReward, RunResult
+from sandbox_pool import Status
 from reward_service.tasks import Task
 from rollout_workers.config import EnvConfig
 
@@ -85,35 +85,31 @@ class _Base:
 class Refine(_Base):
     def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
         scored = self.rewards.score([t.task for t in live], [t.texts[-1] for t in live])
-        return [Reply(r) if r.passed or last else
-                Reply(r, "What running the code above said:\n" + cut_feedback(r.feedback, self.config.feedback_chars), AGAIN)
-                for r, last in zip(scored, final, strict=True)]
-
-
-class PublicTests(_Base):
-    @staticmethod
-    def public(task: Task) -> Task:
-        return task.model_copy(update={"tests": task.tests[: task.public_tests], "public_tests": 0})
-
-    @staticmethod
-    def private(task: Task) -> Task:
-        hidden = task.tests[task.public_tests:] or task.tests  # a task whose every case is public is judged by them
-        return task.model_copy(update={"tests": hidden, "public_tests": 0})
-
-    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
-        replies: list[Reply | None] = [None] * len(live)
-        on_public = [i for i, t in enumerate(live) if t.task.public_tests and not final[i]]
-        public = self.rewards.score([self.public(live[i].task) for i in on_public], [live[i].texts[-1] for i in on_public]) if on_public else []
-        for i, r in zip(on_public, public, strict=True):
-            if not r.passed:
-                said = cut_feedback(r.feedback, self.config.feedback_chars)
-                replies[i] = Reply(r, "What running the code above on the examples said:\n" + said, AGAIN)
-        judged = [i for i, reply in enumerate(replies) if reply is None]
-        if judged:
-            scored = self.rewards.score([self.private(live[i].task) for i in judged], [live[i].texts[-1] for i in judged])
-            for i, r in zip(judged, scored, strict=True):
-                replies[i] = Reply(r)
+        again = [i for i, r in enumerate(scored) if not r.passed and not final[i]]
+        # feedback comes from a run on the shown tests alone: a held test's input, expected value
+        # or error never reaches the policy, only that the held tests did not all pass
+        shown = [i for i in again if live[i].task.public_tests]
+        on_shown = self.rewards.score([live[i].task.examples() for i in shown], [live[i].texts[-1] for i in shown]) if shown else []
+        examples = dict(zip(shown, on_shown, strict=True))
+        replies = [Reply(r) for r in scored]
+        for i in again:
+            said = feedback(live[i].task, scored[i], examples.get(i))
+            replies[i] = Reply(scored[i], "What running the code above said:\n" + cut_feedback(said, self.config.feedback_chars), AGAIN)
         return replies
+
+
+def feedback(task: Task, held: ItemReward, shown: ItemReward | None) -> str:
+    """What a failed attempt is told: the shown tests' own feedback where they failed, else only
+    how the held tests ended (their status and how many failed, never what they are)."""
+    if shown is not None and not shown.passed:
+        return shown.feedback
+    said = f"Passed the shown tests ({task.public_tests}). " if shown is not None else ""
+    return said + f"The held tests ({len(task.held)}, not shown): {HELD_VERDICT.get(held.status, held.status.value)}"
+
+
+HELD_VERDICT = {Status.failed: "some did not pass", Status.syntax_error: "it does not compile",
+                Status.runtime_error: "the program crashed", Status.timeout: "it timed out",
+                Status.memory_exceeded: "it ran out of memory", Status.infra_error: "not run: the sandbox failed"}
 
 
 class Interpreter(_Base):
@@ -150,5 +146,5 @@ def run_report(result: RunResult) -> str:
 
 def make_environment(config: EnvConfig, rewards: RewardClient) -> Environment | None:
     """The configured environment (None: single attempts)."""
-    kinds = {"refine": Refine, "interpreter": Interpreter, "public_tests": PublicTests}
+    kinds = {"refine": Refine, "interpreter": Interpreter}
     return kinds[config.name](rewards, config) if config.multi_turn else None

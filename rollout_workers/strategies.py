@@ -9,7 +9,7 @@ a new environment is a new strategy.
 - `SingleAttempt`: each sample is one turn. A prompt's k samples are sent to the reward service
   as soon as they are generated, so that scoring overlaps generation.
 - `MultiTurn`: each sample is a trajectory of turns in an environment (refinement from execution
-  feedback, a code interpreter, self-repair on public tests: rollout_workers/environments.py),
+  feedback from the shown tests, a code interpreter: rollout_workers/environments.py),
   which replies to each turn with an observation or ends the trajectory with its outcome; RLOO
   compares the k outcomes of a prompt, and every policy token of a trajectory trains with the
   trajectory's advantage.

@@ -156,7 +156,7 @@ def test_the_schema_checks_every_shipped_file_and_names_the_variants(capsys):
     assert set(learner["advantage"]["discriminator"]["mapping"]) == {"rloo", "grpo", "dr_grpo", "reinforce_pp", "reinforce", "ppo"}
     env = schema["properties"]["env"]
     assert env["discriminator"]["propertyName"] == "name"
-    assert set(env["discriminator"]["mapping"]) == {"single", "refine", "interpreter", "public_tests"}
+    assert set(env["discriminator"]["mapping"]) == {"single", "refine", "interpreter"}
     from coderloo.cli import main
 
     assert main(["config", "schema"]) == 0

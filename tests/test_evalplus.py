@@ -124,14 +124,16 @@ def test_evalplus_tasks(evalplus_sets, shared_data):
     first = he["humaneval+/0"]
     assert first.prompt_is_code and first.entry_point == "has_close_elements" and first.source == "humaneval+"
     assert first.tests[0] == "_evalplus['check'](has_close_elements, 0)"
+    # the base inputs shown, the plus inputs held
+    assert first.public_tests == 7 and first.held[0] == "_evalplus['check'](has_close_elements, 7)"
     assert first.reference.startswith(first.prompt)
     # the expected outputs are in the tester's setup, never in the program
     assert "_evalplus['load']('humaneval'" in first.test_setup and first.test_setup not in first.program("pass")
     # Mbpp/793: plus_input is {} in v0.2.0: its base inputs only
-    assert len(mbpp["mbpp+/793"].tests) == 3
+    assert len(mbpp["mbpp+/793"].tests) == 3 and mbpp["mbpp+/793"].public_tests == 0
     # the base variant: the base inputs only
     base = {t.id: t for t in load_evalplus(shared_data / HUMANEVAL_PLUS, plus=False)}
-    assert len(base["humaneval+base/0"].tests) == 7
+    assert len(base["humaneval+base/0"].tests) == 7 and base["humaneval+base/0"].public_tests == 0
     # inputs whose expected outputs are too large to cross the sandbox's channel (over 4 MiB)
     assert left_out(shared_data / MBPP_PLUS) == {"Mbpp/255": [85, 86, 90, 96, 100]}
     assert {k: len(v) for k, v in left_out(shared_data / HUMANEVAL_PLUS).items()} == {
@@ -188,11 +190,12 @@ def test_mbpp_three_shot_prompt(shared_data):
 def _failing_references(pool, tasks: list[Task], limits) -> dict[str, str]:
     from sandbox_pool import Status
 
-    requests = [t.execution_request(t.reference, limits) for t in tasks]
-    results = pool.run(requests)
+    # the held tests, then the shown ones
+    runs = [(t, t) for t in tasks] + [(t, t.examples()) for t in tasks if t.public_tests]
+    results = pool.run([judged.execution_request(t.reference, limits) for t, judged in runs])
     return {
         t.id: f"{r.status.value}: {r.detail} {[o.error for o in r.tests if not o.passed][:2]}"
-        for t, r in zip(tasks, results) if r.status != Status.passed
+        for (t, _), r in zip(runs, results) if r.status != Status.passed
     }
 
 

@@ -1,6 +1,6 @@
 """Multi-turn trajectories through the real parts (vLLM, the reward service and its sandbox pool,
 DeepSpeed): refinement's trajectories and what the algorithm makes of them; a hostile tool user
-(the policy scripted, the environment and sandbox real); self-repair on public cases; the SFT
+(the policy scripted, the environment and sandbox real); no held test in what the policy reads; the SFT
 demonstrations, run for real; a short training run; the eval command's rounds and single-turn
 pass@1."""
 import json
@@ -17,10 +17,11 @@ from common.hf import load_tokenizer
 from learner.algorithm import build_batch, to_sequences
 from learner.config import LearnerConfig
 from reward_service.client import RewardClient
+from reward_service.scorer import test_text
 from rollout_workers import GenerationParams, PromptRollout, RolloutGroup, Sample, start_workers
 from rollout_workers.config import InterpreterEnv, PromptConfig, RefineEnv, RolloutConfig, env_config
 from rollout_workers.demonstrations import demonstrations
-from rollout_workers.environments import make_environment
+from rollout_workers.environments import Live, make_environment
 from rollout_workers.mutants import mutants
 from rollout_workers.strategies import MultiTurn
 
@@ -128,19 +129,47 @@ def test_a_hostile_tool_user_ends_within_its_limits(service, tiny_model, behavio
         assert "9 of 9 tests passed" in seen  # the model may read it; the reward does not
 
 
-def test_self_repair_reads_the_public_cases_and_is_rewarded_by_the_private_ones(service, tiny_model):
+def test_no_held_test_reaches_what_the_policy_reads(service, tiny_model):
+    """Refinement's feedback and the SFT demonstrations (refine's and the interpreter's), from real
+    runs of wrong programs of each kind (a mutant, a wrong value, a crash that echoes its input) on
+    function and stdin tasks: no held test's text (its input and expected value) and no held input
+    the program echoed reaches an observation; the shown ones do, so the check can fail."""
     tokenizer = load_tokenizer(tiny_model)
-    task = synthetic_suite(kinds=("stdio",))["train"][0]
-    wrong = mutants(task.reference, len(task.prompt), limit=1)[0]
-    policy = ScriptedPolicy(tokenizer, [(wrong[len(task.prompt):], None), (task.reference[len(task.prompt):], None)])
-    rollouts = strategy(policy, service, tokenizer, name="public_tests", max_turns=3).run([task], GenerationParams(n=1), seed=0)
-    t = rollouts.trajectories()[0]
-    assert len(t.turns) == 2 and not t.turns[0].reward.passed and t.outcome.passed
-    seen = tokenizer.decode(t.turns[1].prompt_ids)
-    public_inputs = [case.stdin.strip() for case in task.tests[: task.public_tests]]
-    assert "on the examples said" in seen and any(repr(stdin) in seen for stdin in public_inputs)
-    private_inputs = [case.stdin.strip() for case in task.tests[task.public_tests:]]
-    assert not any(repr(stdin) in seen for stdin in private_inputs if stdin not in public_inputs)  # no private case leaks
+    suite = synthetic_suite(kinds=("function", "stdio"))["train"]
+    tasks = suite[::15]
+    config = RefineEnv()
+    refine = make_environment(config, service)
+    echo = {"assert": "    raise ValueError(f'ARG<{%s!r}>')\n", "stdio": "raise ValueError('ARG<' + input() + '>')\n"}
+    live = []
+    for task in tasks:
+        arg = task.prompt.split("(", 1)[1].split(")", 1)[0] if task.test_kind == "assert" else ""
+        wrong = [mutants(task.reference, len(task.prompt), limit=1)[0][len(task.prompt):],
+                 "    return 0\n" if task.test_kind == "assert" else "print(0)\n",
+                 echo[task.test_kind] % arg if arg else echo[task.test_kind]]
+        live += [Live(task, [text], [None]) for text in wrong]
+    replies = refine.react(live, [False] * len(live))
+    said = {t.task.id: "" for t in live}
+    for t, reply in zip(live, replies, strict=True):
+        said[t.task.id] += reply.message or ""
+    for examples in (demonstrations(tasks, refine, config, tokenizer, PromptConfig()),
+                     demonstrations(tasks, make_environment(InterpreterEnv(), service), InterpreterEnv(), tokenizer, PromptConfig())):
+        for context, _ in examples:
+            text = tokenizer.decode(context)
+            said[next(t.id for t in tasks if text.startswith(t.prompt))] += text
+
+    def quoted(task, test) -> list[str]:
+        if isinstance(test, str):  # assert solve(ARG) == EXPECTED
+            arg = test.split(f"{task.entry_point}(", 1)[1].rsplit(") ==", 1)[0]
+            return [test, f"ARG<{arg}>"]
+        return [test_text(test), f"ARG<{test.stdin.splitlines()[0]}>"]
+
+    shown_seen = 0
+    for task in tasks:
+        shown = {q for test in task.shown for q in quoted(task, test)}
+        held = {q for test in task.held for q in quoted(task, test)} - shown
+        assert not [q for q in held if q in said[task.id]], task.id
+        shown_seen += sum(q in said[task.id] for q in shown)
+    assert shown_seen >= len(tasks)  # the shown tests' texts and echoed inputs are there
 
 
 def test_demonstrations_are_built_from_real_runs(service, tiny_model):
@@ -157,9 +186,9 @@ def test_demonstrations_are_built_from_real_runs(service, tiny_model):
     probes = demonstrations(tasks, make_environment(config, service), config, tokenizer, PromptConfig())
     assert len(probes) == 2 * len(tasks)  # the probe, then the answer after its output
     probe_context, probe = probes[0]
-    assert tokenizer.decode(probe).endswith("print(solve(-7))\n" + MARKER)
+    assert tokenizer.decode(probe).endswith("print(solve(17))\n" + MARKER)  # the first shown test's call
     answer_context, _ = probes[1]
-    assert "# stdout:\n# -6\n# exit: exited normally\n" in tokenizer.decode(answer_context)  # the reference's real output
+    assert "# stdout:\n# 18\n# exit: exited normally\n" in tokenizer.decode(answer_context)  # the reference's real output
 
 
 def test_multi_turn_training_run(ray_cluster, tiny_model, tmp_path):

@@ -108,7 +108,7 @@ def test_weights_need_a_positive_weight():
         RewardWeights(syntax=0.0, functionality=0.0)
 
 
-FEEDBACK_TASK = TASK.model_copy(update={"tests": ["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"]})
+FEEDBACK_TASK = TASK.model_copy(update={"tests": ["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"], "public_tests": 0})
 OK, BAD = {"passed": True, "error": None}, {"passed": False, "error": "AssertionError"}
 
 
@@ -159,7 +159,7 @@ def test_execution_feedback_of_stdin_and_call_cases():
     from sandbox_pool import CallTest, IOTest
 
     limits = Limits()
-    stdio = TASK.model_copy(update={"tests": [IOTest(stdin="1 2\n", stdout="3\n")] * 3, "entry_point": None})
+    stdio = TASK.model_copy(update={"tests": [IOTest(stdin="1 2\n", stdout="3\n")] * 3, "entry_point": None, "public_tests": 0})
     wrong = result(Status.failed, [OK, {"passed": False, "error": "wrong output: '-1\\n'"}, BAD],
                    "case 1: wrong output: '-1\\n' (2 of 3 cases failed)")
     assert execution_feedback(stdio, wrong, limits) == (
@@ -170,7 +170,7 @@ def test_execution_feedback_of_stdin_and_call_cases():
     assert execution_feedback(stdio, crashed, limits).startswith(
         "Runtime error: case 0: the program exited with code 1: ValueError: x (3 of 3 cases failed)\n"
         "first failing test: input '1 2', expected output '3'")
-    calls = TASK.model_copy(update={"tests": [CallTest(args=[[1, 2], 3], accepted=[[0, 1]])] * 3})
+    calls = TASK.model_copy(update={"tests": [CallTest(args=[[1, 2], 3], accepted=[[0, 1]])] * 3, "public_tests": 0})
     assert "first failing test: arguments [1, 2], 3, expected [0, 1]" in execution_feedback(calls, wrong, limits)
 
 

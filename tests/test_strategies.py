@@ -1,6 +1,6 @@
 """The rollout strategies' logic against a scripted rollout group, reward service and a character
 tokenizer (pure logic): single attempts; multi-turn trajectories in each environment (contexts that
-extend each other, observations, limits, tool calls, public and private cases); the concatenated
+extend each other, observations, limits, tool calls, shown and held tests); the concatenated
 training sequence; the per-turn cost; evaluation; the config's checks. The real engines, service and
 sandbox run them in tests/test_multi_turn.py."""
 import pytest
@@ -14,13 +14,13 @@ from reward_service.schemas import Components, ItemReward, RunResult
 from reward_service.tasks import Task
 from rollout_workers import GenerationParams, PromptRollout, Sample
 from rollout_workers.config import InterpreterEnv, env_config
-from rollout_workers.environments import Interpreter, PublicTests, Refine
+from rollout_workers.environments import Interpreter, Refine
 from rollout_workers.strategies import MultiTurn, SingleAttempt, pass_rates_by_turn
 from rollout_workers.types import Trajectory, Turn
 from sandbox_pool import IOTest, Status
 
 TASK = synthetic_suite()["train"][0]  # prompt_is_code: def solve(x): + docstring
-FEEDBACK = "1 of 5 tests failed\nfirst failing test: assert solve(-7) == -6\nAssertionError"
+FEEDBACK = "1 of 2 tests failed\nfirst failing test: assert solve(17) == 18\nAssertionError"
 EOS = 0
 
 
@@ -70,12 +70,18 @@ class ScriptedGroup:
 class ScriptedRewards:
     per_token = False
 
-    def __init__(self, passes=(), runs=None):
-        self.passes = list(passes)  # per score call: passed flags in order
-        self.calls, self.run_calls = [], []
+    def __init__(self, passes=(), runs=None, shown=None):
+        self.passes = list(passes)  # per score call by the held tests: passed flags in order
+        self.shown = list(shown or [])  # the same for the calls on shown tests (Task.examples()); none given: failed
+        self.calls, self.run_calls, self.shown_calls = [], [], []
         self.runs = runs
+        self.held = {}
 
     def score(self, tasks, completions):
+        if all(t.id in self.held and t.tests == self.held[t.id].shown and not t.public_tests for t in tasks):
+            self.shown_calls.append((tasks, completions))
+            return [reward(p) for p in (self.shown.pop(0) if self.shown else [False] * len(tasks))]
+        self.held.update((t.id, t) for t in tasks)
         self.calls.append((tasks, completions))
         return [reward(p) for p in self.passes.pop(0)]
 
@@ -92,7 +98,7 @@ class ScriptedRewards:
 
 
 def multi_turn(env_class, group, service, **config):
-    config = env_config(name={Refine: "refine", Interpreter: "interpreter", PublicTests: "public_tests"}[env_class], **config)
+    config = env_config(name={Refine: "refine", Interpreter: "interpreter"}[env_class], **config)
     return MultiTurn(group, env_class(service, config), config, TOKENIZER)
 
 
@@ -124,13 +130,15 @@ def test_refinement_goes_on_only_after_a_failed_attempt_and_each_context_extends
             assert after.prompt_ids[: len(start)] == start  # the context is never re-tokenized
             observation = TOKENIZER.decode(after.prompt_ids[len(start):])
             # the feedback as comment lines, then the task's prompt again, which the next turn continues
-            assert observation == ("\n# What running the code above said:\n# 1 of 5 tests failed\n"
-                                   "# first failing test: assert solve(-7) == -6\n# AssertionError\n# Write it again, fixed.\n" + TASK.prompt)
+            assert observation == ("\n# What running the code above said:\n# 1 of 2 tests failed\n"
+                                   "# first failing test: assert solve(17) == 18\n# AssertionError\n# Write it again, fixed.\n" + TASK.prompt)
     assert trajectories[0].outcome.passed and trajectories[0].outcome is trajectories[0].turns[-1].reward  # the last attempt's
     assert [t.reward.passed for t in trajectories[2].turns] == [False, False, False] and not trajectories[2].outcome.passed
     assert [rollouts.metrics[f"pass@1_round{r}"] for r in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 2 / 3])
     assert rollouts.metrics["turns_mean"] == 2.0 and rollouts.metrics["tool_calls_mean"] == 0
     assert service.calls[1][1] == ["    return 2\n"] * 2  # each attempt is scored as a completion of the task
+    # the feedback of the failed ones that go on is from a run on the shown tests
+    assert [(len(tasks), tasks[0].tests) for tasks, _ in service.shown_calls] == [(2, TASK.shown), (1, TASK.shown)]
 
 
 def test_a_group_is_handed_on_after_the_round_its_last_trajectory_ended_in():
@@ -184,19 +192,26 @@ def test_the_interpreter_runs_a_turn_that_ends_at_the_marker_and_scores_the_answ
     assert rollouts.metrics["tool_calls_mean"] == 1 and "pass@1_round1" not in rollouts.metrics
 
 
-def test_public_tests_are_the_feedback_and_the_private_cases_the_reward():
+def test_refinement_feedback_comes_from_the_shown_tests_and_says_only_how_the_held_ones_ended():
     cases = [IOTest(stdin=f"{i}\n", stdout=f"{i + 1}\n") for i in range(4)]
     task = Task(id="io/1", prompt="Read n, print n + 1.\n", tests=cases, public_tests=1, reference="print(int(input()) + 1)\n",
                 prompt_is_code=False, entry_point=None, difficulty=1, source="test")
     bare = task.model_copy(update={"id": "io/2", "public_tests": 0})
-    group, service = ScriptedGroup(), ScriptedRewards([[False], [True], [True], [False]])
-    rollouts = multi_turn(PublicTests, group, service, max_turns=3).run([task, bare], GenerationParams(n=1), 0)
-    # round 1: the public case of the task that has one, for feedback; the other is judged by all its cases
-    # round 2: the fix passes the public case, so the private ones judge it
-    assert [[t.tests for t in tasks] for tasks, _ in service.calls] == [[cases[:1]], [cases], [cases[:1]], [cases[1:]]]
-    assert [len(g[0].turns) for g in rollouts.groups] == [2, 1]
-    fixed = rollouts.groups[0][0]
-    assert fixed.turns[0].reward.passed is False and fixed.outcome.passed is False  # the private cases decide the reward
+    # round 1: both fail the held tests; the shown case fails too. Round 2: the shown case passes, the held ones not
+    service = ScriptedRewards([[False, False], [False, False], [False, False]], shown=[[False], [True]])
+    rollouts = multi_turn(Refine, ScriptedGroup(), service, max_turns=3).run([task, bare], GenerationParams(n=1), 0)
+    assert [[t.tests for t in tasks] for tasks, _ in service.shown_calls] == [[cases[:1]], [cases[:1]]]  # never bare's
+    said = []
+    for g in rollouts.groups:
+        turns = g[0].turns
+        said.append([TOKENIZER.decode(after.prompt_ids[len(before.prompt_ids) + len(before.token_ids):])
+                     for before, after in zip(turns, turns[1:])])
+    assert "first failing test: assert solve(17) == 18" in said[0][0]  # the shown run's own feedback
+    assert said[0][1].startswith("\n# What running the code above said:\n# Passed the shown tests (1). "
+                                 "The held tests (3, not shown): some did not pass\n")
+    assert said[1] == ["\n# What running the code above said:\n# The held tests (4, not shown): some did not pass\n"
+                       "# Write it again, fixed.\n" + task.prompt] * 2  # a task that shows none: how the held ones ended
+    assert all(len(g[0].turns) == 3 and not g[0].outcome.passed for g in rollouts.groups)
 
 
 def test_a_concatenated_trajectory_masks_its_observations():

@@ -81,11 +81,12 @@ def passes(program: str, task) -> bool:
 
 
 def test_function_suite_and_its_tokenizer_corpus_are_unchanged():
-    """Pinned: the default run's numbers (and its tokenizer) depend on them."""
+    """Pinned: the default run's numbers (and its tokenizer) depend on them. The held tests are the
+    tests the suite had before it had shown ones; the shown ones are new inputs."""
     suite = synthetic_suite()
     assert suite == synthetic_suite(kinds=["function"])
     digest = hashlib.sha256(json.dumps(
-        {split: [[t.id, t.difficulty, t.prompt, t.reference, t.tests] for t in tasks] for split, tasks in suite.items()}
+        {split: [[t.id, t.difficulty, t.prompt, t.reference, t.held] for t in tasks] for split, tasks in suite.items()}
     ).encode()).hexdigest()
     assert digest == "347406b72513aa6801c3a7a9326881a9a1deda2a53c7cd308802b1100fb0ea3f"
     corpus = hashlib.sha256("".join(corpus_for_tokenizer()).encode()).hexdigest()
@@ -122,7 +123,8 @@ def test_stdio_tasks_are_programs_after_a_docstring_with_their_constants():
         assert task.reference.startswith(task.prompt) and "input()" in task.reference and "print(" in task.reference
         for value in constants(task):
             assert f" {value}" in task.prompt  # the model copies them from the statement
-        assert 5 <= len(task.tests) <= 8
+        assert 5 <= len(task.held) <= 8 and 1 <= task.public_tests <= 2
+        assert not {case.stdin for case in task.shown} & {case.stdin for case in task.held}  # new inputs
 
 
 @pytest.mark.parametrize("task", TASKS, ids=[t.id for t in TASKS])

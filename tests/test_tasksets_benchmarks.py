@@ -100,11 +100,11 @@ def test_known_mbpp_task(task_sets):
         "assert similar_elements((1, 2, 3, 4),(5, 4, 3, 7)) == (3, 4)",
         "assert similar_elements((11, 12, 14, 13),(17, 15, 14, 13)) == (13, 14)",
     ]
-    assert task.tests == tests
-    assert task.prompt == (
+    assert task.tests == tests and task.shown == tests[:1] and task.held == tests[1:]
+    assert task.prompt == (  # the first test shown, the others held
         "You are an expert Python programmer, and here is your task: "
         "Write a function to find the similar elements from the given two tuple lists. "
-        "Your code should pass these tests:\n\n" + "\n".join(tests) + "\n"
+        "Your code should pass these tests:\n\n" + tests[0] + "\n"
     )
     assert task.reference == (
         "def similar_elements(test_tup1, test_tup2):\n  res = tuple(set(test_tup1) & set(test_tup2))\n  return (res) "
@@ -142,7 +142,7 @@ def test_known_sanitized_mbpp_task(task_sets):
     assert task.tests[0] == "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))"
     assert task.entry_point == "similar_elements"
     text = "Write a function to find the shared elements from the given two lists."
-    assert task.prompt == mbpp_prompt(text, task.tests)
+    assert task.prompt == mbpp_prompt(text, task.shown) and task.public_tests == 1 and len(task.held) == 2
     assert (task.source, task.split, task.prompt_is_code, task.test_setup) == ("mbpp-sanitized", "fewshot", False, "")
     # test_imports become test_setup.
     assert tasks["mbpp-sanitized/82"].test_setup == "import math"
@@ -236,9 +236,12 @@ def test_wrong_field_type_and_duplicate_id(shared_data, tmp_path):
 def test_test_calling_no_defined_function_is_reported(shared_data, tmp_path):
     path = tmp_path / "mbpp.jsonl"
     record = json.loads(mbpp_lines(shared_data, 2)[1])
-    path.write_text(json.dumps({**record, "test_list": ["assert len((1,)) == 1"]}) + "\n", encoding="utf-8")
+    path.write_text(json.dumps({**record, "test_list": ["assert len((1,)) == 1"] * 2}) + "\n", encoding="utf-8")
     reason = ":1: the first test calls no function that the reference defines"
     with pytest.raises(TaskFileError, match=where(path) + reason):
+        load_mbpp(path)
+    path.write_text(json.dumps({**record, "test_list": record["test_list"][:1]}) + "\n", encoding="utf-8")
+    with pytest.raises(TaskFileError, match=where(path) + ":1: test_list has 1 tests: MBPP's prompt shows its first and holds the others"):
         load_mbpp(path)
 
 

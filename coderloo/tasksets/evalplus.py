@@ -223,7 +223,9 @@ def load_evalplus(
     path: str | Path, plus: bool = True, plus_limit: int | None = None, cache_dir: str | Path | None = None
 ) -> list[Task]:
     """HumanEvalPlus-*.jsonl.gz or MbppPlus-*.jsonl.gz as Tasks (ids humaneval+/N, mbpp+/N; with
-    plus=False, the base inputs only: humaneval+base/N, mbpp+base/N). `plus_limit` keeps an
+    plus=False, the base inputs only: humaneval+base/N, mbpp+base/N). With plus inputs, the base
+    inputs are the shown tests and the plus inputs the held ones, which alone decide the reward;
+    without, every base input is held. `plus_limit` keeps an
     evenly spread subset of each task's plus inputs (for quick checks)."""
     from coderloo.runtime import USER_CACHE
 
@@ -262,6 +264,7 @@ def load_evalplus(
             prompt_is_code=True,
             test_setup=setup,
             split="test",
+            public_tests=num_base if len(cases) > num_base else 0,  # the base inputs shown, the plus ones held
         )
 
     return build_tasks(path, records, {}, make_task)

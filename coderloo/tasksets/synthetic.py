@@ -47,6 +47,16 @@ def _two(a_range: range, b_range: Callable[[int], range]) -> Callable[[], Iterab
 
 NONEMPTY_LISTS = [xs for xs in LISTS if len(xs) >= 6]
 
+# Each task's shown tests: two inputs of its kind that no family's held tests use, which feedback
+# may quote (Task.public_tests). Its held tests are the family's inputs above, which alone decide
+# the reward and the evaluation.
+SHOWN = {int: [17, -5], list: [[6, -1, 10, 2, 9, 3, 12], [7, 1, 18, 4, -3, 11]], str: ["ab", "shown text"],
+         tuple: [(2, 9), (-4, 3)]}
+
+
+def _shown(inputs: list[Any]) -> list[Any]:
+    return SHOWN[type(inputs[-1])]
+
 FAMILIES: list[Family] = [
     # difficulty 1: one operation
     Family("add", 1, "x", "Return x plus {n}.", "x + {n}", _one(1, 19), INTS),
@@ -127,24 +137,30 @@ def _make_task(family: Family, params: dict[str, int], split: str) -> Task:
     prompt = f'def {ENTRY_POINT}({family.arg}):\n    """{doc}"""\n'
     completion = f"    return {body}\n"
     fn = eval(f"lambda {family.arg}: {body}")  # our own template, not model output
-    tests = []
-    for value in family.inputs:
-        try:
-            expected = fn(value)
-        except IndexError:
-            continue
-        tests.append(f"assert {ENTRY_POINT}({value!r}) == {expected!r}")
+
+    def asserts(inputs: list[Any]) -> list[str]:
+        tests = []
+        for value in inputs:
+            try:
+                expected = fn(value)
+            except IndexError:
+                continue
+            tests.append(f"assert {ENTRY_POINT}({value!r}) == {expected!r}")
+        return tests
+
+    shown = asserts(_shown(family.inputs))
     suffix = "_".join(str(v) for v in params.values())
     return Task(
         id=f"synthetic/{family.name}/{suffix}",
         prompt=prompt,
-        tests=tests,
+        tests=shown + asserts(family.inputs),
         entry_point=ENTRY_POINT,
         reference=prompt + completion,
         difficulty=family.difficulty,
         source="synthetic",
         prompt_is_code=True,
         split=split,
+        public_tests=len(shown),
     )
 
 
@@ -165,31 +181,33 @@ def _printed(program: str, stdin: str) -> str:
     return out.getvalue()
 
 
-PUBLIC_CASES = 2  # a stdin/stdout task's first cases, the examples a statement would show
-
-
 def _make_stdio_task(family: Family, params: dict[str, int], split: str) -> Task:
     says, reads = READS[family.arg]
     prompt = f'"""{says} {family.doc.format(**params)}"""\n'
     completion = reads + family.body.format(**params) + "\n"
-    tests = []
-    for value in family.inputs:
-        stdin = _stdin(family.arg, value)
-        try:
-            tests.append(IOTest(stdin=stdin, stdout=_printed(prompt + completion, stdin)))
-        except ValueError:  # max() of an empty list
-            continue
+
+    def cases(inputs: list[Any]) -> list[IOTest]:
+        tests = []
+        for value in inputs:
+            stdin = _stdin(family.arg, value)
+            try:
+                tests.append(IOTest(stdin=stdin, stdout=_printed(prompt + completion, stdin)))
+            except ValueError:  # max() of an empty list
+                continue
+        return tests
+
+    shown = cases(_shown(family.inputs))
     suffix = "_".join(str(v) for v in params.values())
     return Task(
         id=f"synthetic-stdio/{family.name}/{suffix}",
         prompt=prompt,
-        tests=tests,
+        tests=shown + cases(family.inputs),
         reference=prompt + completion,
         difficulty=family.difficulty,
         source="synthetic",
         prompt_is_code=True,
         split=split,
-        public_tests=PUBLIC_CASES if len(tests) > PUBLIC_CASES else 0,  # a statement's examples (env public_tests)
+        public_tests=len(shown),
     )
 
 
@@ -229,7 +247,7 @@ def corpus_for_tokenizer(kinds: Iterable[str] = ("function",)) -> Iterable[str]:
     for task in synthetic_suite(kinds=kinds)["train"]:
         yield task.reference
         if task.test_kind == "assert":
-            yield "\n".join(task.tests)
+            yield "\n".join(task.held)
     yield from itertools.repeat(_PYTHON_SNIPPETS, 4)
 
 
