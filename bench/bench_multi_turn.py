@@ -17,6 +17,10 @@ Three training runs of the default config's SFT steps and RL steps, prompts and 
 
 Each row gives the held-out numbers after SFT and at the end, the RL phase's wall time and the
 trajectories it sampled (and the policy's turns), so that what a gain costs is on the same line.
+With single and refine among the variants, one more single-turn run gets as many RL steps as fit
+in refine's RL time (`single, equal time`): refine is compared at equal samples and at equal time.
+Feedback quotes a task's shown tests only; rewards and evaluations count its held tests
+(docs/evaluation.md, "Shown and held tests").
 """
 from __future__ import annotations
 
@@ -55,6 +59,9 @@ def main() -> list[dict]:
     if unknown:
         raise SystemExit(f"BENCH_MULTI_TURN_VARIANTS: unknown {', '.join(unknown)}; valid: {', '.join(VARIANTS)}")
     results = {name: run(*VARIANTS[name], f"{root}/{name.replace('+', '-')}", steps=STEPS) for name in names}
+    if "single" in results and "refine" in results:
+        steps = round(STEPS * results["refine"]["rl_seconds"] / results["single"]["rl_seconds"])
+        results["single, equal time"] = run(*VARIANTS["single"], f"{root}/single-equal-time", steps=steps)
     print(f"multi-turn environments on the synthetic suite, the default's SFT and {STEPS} RL steps each "
           f"(held-out pass@1, 8 samples per task, T=1; run directories in {root})")
     print("| run | pass@1 after SFT | there: | pass@1 | greedy pass@1 | at the end: | RL time | trajectories | policy turns |")
@@ -65,10 +72,11 @@ def main() -> list[dict]:
         print(f"| {name} | {sft['pass@1']:.3f} | {_rates(sft)} | {final['pass@1']:.3f} | {final['greedy_pass@1']:.3f} | "
               f"{_rates(final)} | {r['rl_seconds']:.0f} s | {r['samples']} | {turns:.0f} |")
     for name in ("refine", "interpreter", "refine+cost"):
-        if name in results and "single" in results:
-            r, b = results[name], results["single"]
-            print(f"  {name} / single: {r['final']['pass@1'] / max(b['final']['pass@1'], 1e-9):.2f}x pass@1, "
-                  f"{r['rl_seconds'] / max(b['rl_seconds'], 1e-9):.2f}x RL time")
+        for base in ("single", "single, equal time"):
+            if name in results and base in results:
+                r, b = results[name], results[base]
+                print(f"  {name} - {base}: {100 * (r['final']['pass@1'] - b['final']['pass@1']):+.1f} points of pass@1, "
+                      f"{r['rl_seconds'] / max(b['rl_seconds'], 1e-9):.2f}x RL time, {r['samples'] / max(b['samples'], 1):.2f}x trajectories")
     for name in ("refine", "refine+cost"):
         if name in results:
             final = results[name]["final"]
