@@ -4,14 +4,16 @@ suite with the same budget.
     python -m bench.bench_algorithms          # BENCH_ALGORITHMS_STEPS=60 RL steps per run
     BENCH_ALGORITHMS_VARIANTS=ppo+dense,rloo+dense python -m bench.bench_algorithms   # some of them
 
-Eleven training runs of the default config (its SFT warm-up, then the same number of RL steps of the
+Twelve training runs of the default config (its SFT warm-up, then the same number of RL steps of the
 same seed and sampling), each evaluated at its end on the held-out tasks:
 
 - rloo: the default, RLOO's leave-one-out baseline. A critic (critic.enabled) trains alongside on
   the scored samples; with critic.reward_coef 0 it does not touch the policy's update, and the
   final evaluation reports its best-of-8 pick (pass@1_critic) against a random pick of the same 8
   samples (pass@1_random), a majority vote and a critic-weighted vote among them, and its
-  held-out accuracy and AUC at the last step.
+  held-out accuracy and AUC at the last step (over all samples and within each task's group).
+  rloo+critic-rank: the same with a ranking loss within each task's group next to the critic's
+  cross-entropy (critic.rank_coef 1).
 - rloo+dense: learner.advantage.dense, the reward service's per-token rewards on top of RLOO.
 - rloo+kl, rloo+kl+soft: a KL penalty in the reward (coef 0.05, k3, as RLOO in TRL) to the policy RL
   starts from, frozen; and following the policy, 1% of the way after every step (the RLOO design's
@@ -47,6 +49,7 @@ STEPS = int(os.environ.get("BENCH_ALGORITHMS_STEPS", "60"))
 KL = "coef: 0.05, into: reward, estimator: k3"
 VARIANTS = {  # name: (config file, overrides)
     "rloo": ("configs/default.yaml", ["critic.enabled=true"]),
+    "rloo+critic-rank": ("configs/default.yaml", ["critic.enabled=true", "critic.rank_coef=1"]),
     "rloo+dense": ("configs/default.yaml", ["learner.advantage.dense={}"]),
     "rloo+kl": ("configs/default.yaml", [f"learner.kl={{{KL}}}"]),
     "rloo+kl+soft": ("configs/default.yaml", [f"learner.kl={{{KL}, reference_mix: 0.01}}"]),
@@ -95,7 +98,8 @@ def main() -> list[dict]:
         if "pass@1_critic" in final:
             more.append(f"of 8 samples, the critic's pick: {final['pass@1_critic']:.3f}, a random pick: {final['pass@1_random']:.3f}, "
                         f"majority vote: {final['pass@1_vote']:.3f}, critic-weighted vote: {final['pass@1_critic_vote']:.3f}; "
-                        f"critic accuracy {last.get('critic_accuracy')}, AUC {last.get('critic_auc')} (last step, held-out tasks)")
+                        f"critic accuracy {last.get('critic_accuracy')}, AUC {last.get('critic_auc')}, within groups "
+                        f"{last.get('critic_group_auc')} (last step, held-out tasks)")
         if "kl_sequence_mean" in last:
             kl = [x["kl_sequence_mean"] for x in r["rl"]]
             tenth = max(1, len(kl) // 10)

@@ -450,8 +450,12 @@ class CriticConfig(Section):
         "critic-guided best-of-n (pass@1_critic against pass@1_random) at each evaluation.",
     )
     lr: float = Field(default=3e-4, gt=0, description="AdamW learning rate of the critic (backbone and head).")
+    rank_coef: float = Field(
+        default=0.0, ge=0, description="Weight of a ranking loss within each task's group of k (a better outcome "
+        "scores higher than a worse one of the same prompt) next to the outcome classes' cross-entropy; 0: the "
+        "cross-entropy alone. Batches hold whole groups either way.")
     steps_per_rl_step: int = Field(default=4, ge=1, description="Critic optimizer steps on each RL step's samples.")
-    batch_size: int = Field(default=32, ge=1, description="Samples per critic optimizer step (and per forward pass when predicting).")
+    batch_size: int = Field(default=32, ge=1, description="Samples per critic optimizer step, in whole groups of a task's samples (at least one), and per forward pass when predicting.")
     heldout_fraction: float = Field(
         default=0.2, gt=0, lt=1,
         description="Share of the training tasks (by task id) whose samples the critic never trains on; "

@@ -2,8 +2,11 @@
 
 The critic is a model of its own, as CodeRL's is: the transformer backbone of the policy's
 initial checkpoint (so it reads code with the policy's tokenizer and pretrained features) and a
-linear head over four outcome classes, fine-tuned whole with cross-entropy on the samples the
-sandbox scores, in one CPU actor. Not a head on the policy's hidden states: the policy's weights
+linear head over four outcome classes, fine-tuned whole on the samples the sandbox scores, in one
+CPU actor: cross-entropy on the classes, plus a ranking loss within each task's group of k (a
+better outcome should score higher than a worse one of the same prompt). Cross-entropy alone
+learns which tasks pass (an AUC over all samples rewards that), not which of a task's samples
+does, and choosing among samples is what the critic is for. Not a head on the policy's hidden states: the policy's weights
 then serve the RL objective alone, the critic trains while the learner does instead of in its
 step, and a run without a critic is unchanged.
 
@@ -81,22 +84,33 @@ class Critic:
         mask = F.pad(batch.completion_mask, (1, 0)).unsqueeze(-1)
         return self.head((hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1))
 
-    def train_step(self, examples: list[tuple[list[int], list[int], int]]) -> dict[str, float]:
-        """`config.steps_per_rl_step` optimizer steps on random batches of (prompt ids,
-        completion ids, outcome class) examples; the mean cross-entropy."""
+    def train_step(self, examples: list[tuple[list[int], list[int], int, str]]) -> dict[str, float]:
+        """`config.steps_per_rl_step` optimizer steps on batches of (prompt ids, completion ids,
+        outcome class, group) examples, whole groups drawn at random until a batch is full; the
+        mean cross-entropy and ranking loss."""
         if not examples:
             return {}
+        groups: dict[str, list] = {}
+        for example in examples:
+            groups.setdefault(example[3], []).append(example)
         self.backbone.train()
-        losses = []
+        losses, ranks = [], []
         for _ in range(self.config.steps_per_rl_step):
-            batch = self.rng.sample(examples, min(self.config.batch_size, len(examples)))
-            logits = self._logits([(p, c) for p, c, _ in batch])
-            loss = F.cross_entropy(logits, torch.tensor([y for _, _, y in batch]))
+            batch = []
+            for key in self.rng.sample(sorted(groups), len(groups)):
+                if batch and len(batch) + len(groups[key]) > self.config.batch_size:
+                    break
+                batch += groups[key]
+            logits = self._logits([(p, c) for p, c, _, _ in batch])
+            labels = torch.tensor([y for _, _, y, _ in batch])
+            loss = F.cross_entropy(logits, labels)
+            rank = ranking_loss(logits, labels, [g for *_, g in batch])
             self.optimizer.zero_grad()
-            loss.backward()
+            (loss + self.config.rank_coef * rank).backward()
             self.optimizer.step()
             losses.append(loss.item())
-        return {"critic_loss": sum(losses) / len(losses)}
+            ranks.append(rank.item())
+        return {"critic_loss": sum(losses) / len(losses), "critic_rank_loss": sum(ranks) / len(ranks)}
 
     def save(self, path: str) -> None:
         """Weights, optimizer and sampling state into `path`/critic.pt (a training checkpoint)."""
@@ -122,6 +136,30 @@ class Critic:
         return [row for i in range(0, len(pairs), size) for row in torch.softmax(self._logits(pairs[i : i + size]), dim=-1).tolist()]
 
 
+def ranking_loss(logits: torch.Tensor, labels: torch.Tensor, groups: list[str]) -> torch.Tensor:
+    """Mean over the pairs of one group whose classes differ of -log sigmoid(s_better - s_worse),
+    s the log-odds of passed; the classes are ordered as OUTCOMES (a syntax error worst, a pass
+    best). 0 when no pair differs."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    score = log_p[:, PASSED] - torch.logsumexp(torch.cat([log_p[:, :PASSED], log_p[:, PASSED + 1:]], dim=1), dim=1)
+    same = torch.tensor([[a == b for b in groups] for a in groups])
+    better = (labels[:, None] > labels[None, :]) & same
+    if not better.any():
+        return logits.sum() * 0.0
+    return F.softplus(score[None, :] - score[:, None])[better].mean()  # row i better than column j
+
+
+def group_auc(scores: np.ndarray, positive: np.ndarray, groups: list[str]) -> float | None:
+    """The mean over groups with passed and failed samples of the AUC within the group: how well
+    the scores order a task's own samples (what picking among them needs). None without such a group."""
+    by_group: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    values = [auc(scores[rows], positive[rows]) for rows in by_group.values()]
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
 @dataclass
 class CriticStep:
     """The critic's view of one RL step: its predictions, made before it learned from the step's
@@ -131,12 +169,14 @@ class CriticStep:
     training: ray.ObjectRef
     labels: list[int | None]
     heldout: list[bool]
+    groups: list[str]
 
     def p_passed(self) -> list[float]:
         return [row[PASSED] for row in ray.get(self.probs)]
 
     def metrics(self) -> dict[str, float | None]:
-        """Accuracy and AUC of P(passed) on the held-out tasks' samples, and the update's loss.
+        """Accuracy and AUC of P(passed) on the held-out tasks' samples, over all of them and within
+        each task's group, and the update's losses.
 
         Waits for the update, so that the critic's work never piles up behind a faster learner
         (and a failed update surfaces)."""
@@ -146,6 +186,7 @@ class CriticStep:
         return {
             "critic_accuracy": accuracy(probs, labels),
             "critic_auc": auc(probs[:, PASSED], labels == PASSED),
+            "critic_group_auc": group_auc(probs[:, PASSED], labels == PASSED, [self.groups[i] for i in keep]),
             "critic_heldout_samples": len(keep),
             **ray.get(self.training),
         }
@@ -166,8 +207,9 @@ class OnlineCritic:
         Returns at once."""
         heldout = [heldout_task(t, self.config.heldout_fraction) for t in task_ids]
         probs = self.actor.predict.remote(prompt_ids, completion_ids)  # an actor runs calls in order
-        train = [(p, c, y) for p, c, y, held in zip(prompt_ids, completion_ids, labels, heldout, strict=True) if y is not None and not held]
-        return CriticStep(probs, self.actor.train_step.remote(train), labels, heldout)
+        train = [(p, c, y, t) for p, c, y, t, held in zip(prompt_ids, completion_ids, labels, task_ids, heldout, strict=True)
+                 if y is not None and not held]
+        return CriticStep(probs, self.actor.train_step.remote(train), labels, heldout, task_ids)
 
     def p_passed(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> np.ndarray:
         """P(passed) of each pair, for critic-guided selection."""
