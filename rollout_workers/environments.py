@@ -22,9 +22,9 @@ from typing import Protocol
 from reward_service.client import RewardClient
 from reward_service.extract import extract
 from reward_service.schemas import ItemReward, RunResult
-from sandbox_pool import Status
 from reward_service.tasks import Task
 from rollout_workers.config import EnvConfig
+from sandbox_pool import Status
 
 
 @dataclass
@@ -100,7 +100,7 @@ class Refine(_Base):
 
 def feedback(task: Task, held: ItemReward, shown: ItemReward | None) -> str:
     """What a failed attempt is told: the shown tests' own feedback where they failed, else only
-    how the held tests ended (their status and how many failed, never what they are)."""
+    how many held tests there are and how their run ended, never what they are."""
     if shown is not None and not shown.passed:
         return shown.feedback
     said = f"Passed the shown tests ({task.public_tests}). " if shown is not None else ""

@@ -57,6 +57,7 @@ SHOWN = {int: [17, -5], list: [[6, -1, 10, 2, 9, 3, 12], [7, 1, 18, 4, -3, 11]],
 def _shown(inputs: list[Any]) -> list[Any]:
     return SHOWN[type(inputs[-1])]
 
+
 FAMILIES: list[Family] = [
     # difficulty 1: one operation
     Family("add", 1, "x", "Return x plus {n}.", "x + {n}", _one(1, 19), INTS),
