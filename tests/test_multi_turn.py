@@ -17,7 +17,7 @@ from common.hf import load_tokenizer
 from learner.algorithm import build_batch, to_sequences
 from learner.config import LearnerConfig
 from reward_service.client import RewardClient
-from reward_service.scorer import test_text
+from reward_service import scorer
 from rollout_workers import GenerationParams, PromptRollout, RolloutGroup, Sample, start_workers
 from rollout_workers.config import InterpreterEnv, PromptConfig, RefineEnv, RolloutConfig, env_config
 from rollout_workers.demonstrations import demonstrations
@@ -161,7 +161,7 @@ def test_no_held_test_reaches_what_the_policy_reads(service, tiny_model):
         if isinstance(test, str):  # assert solve(ARG) == EXPECTED
             arg = test.split(f"{task.entry_point}(", 1)[1].rsplit(") ==", 1)[0]
             return [test, f"ARG<{arg}>"]
-        return [test_text(test), f"ARG<{test.stdin.splitlines()[0]}>"]
+        return [scorer.test_text(test), f"ARG<{test.stdin.splitlines()[0]}>"]
 
     shown_seen = 0
     for task in tasks:
