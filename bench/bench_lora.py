@@ -2,6 +2,7 @@
 how long it takes, on the tiny model and on Qwen2.5-Coder-0.5B's shape (randomly initialized).
 
     python -m bench.bench_lora
+    python -m bench.bench_lora sweep  # every LoRA variant of SWEEP in RL (about 4 min each)
     python -m bench.bench_lora sft    # why configs/lora.yaml starts the adapter after SFT (below)
 
 For each model, two DeepSpeed learners (ZeRO-0, float32) in turn: full fine-tuning, and a LoRA
@@ -11,6 +12,12 @@ the whole weights, or only the adapter (the worker loads it through vLLM's LoRA 
 times are medians of REPEATS pushes after a warm-up, from the first call to the last worker's
 verified load.
 
+Then RL: full fine-tuning (configs/default.yaml) against LoRA (configs/lora.yaml, and the preset
+without its warm-up), each the same SFT warm-up then BENCH_LORA_STEPS (60) RL steps of the same
+seed, evaluated on the held-out tasks; each row's gain in pass@1 over the warm-up against full
+fine-tuning's. `sweep` trains the other variants of SWEEP too (rank, rsLoRA scaling, the adapter's
+learning rate and its warm-up, LoRA+, initialisation; BENCH_LORA_VARIANTS=full,preset,... picks).
+
 `sft`: the SFT warm-up's loss on the tiny model (random weights) after its 115 steps of 32
 reference solutions, for full fine-tuning at the default's rate and for rank-16 adapters at three
 rates (a plain AdamW loop on one process, no DeepSpeed): an adapter on random weights barely
@@ -18,6 +25,7 @@ learns, which is why configs/lora.yaml uses lora.start rl.
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 import tempfile
@@ -100,6 +108,55 @@ def sft_main() -> None:
         print(f"  LoRA rank 16, alpha 32, lr {lr:g}: {sft_loss(model, LORA, lr):.3f}")
 
 
+SWEEP_STEPS = int(os.environ.get("BENCH_LORA_STEPS", "60"))
+SWEEP = {  # name: (config file, overrides); the preset (configs/lora.yaml) warms its rate up over 10 steps
+    "full": ("configs/default.yaml", []),
+    "preset": ("configs/lora.yaml", []),
+    "no-warmup": ("configs/lora.yaml", ["learner.warmup_steps=0"]),
+    "lr-3e-3": ("configs/lora.yaml", ["learner.lr=3e-3"]),
+    "rslora": ("configs/lora.yaml", ["learner.lora.rslora=true"]),
+    "rslora-no-warmup": ("configs/lora.yaml", ["learner.lora.rslora=true", "learner.warmup_steps=0"]),
+    "rank-64-rslora-no-warmup": ("configs/lora.yaml", ["learner.lora.rank=64", "learner.lora.rslora=true", "learner.warmup_steps=0"]),
+    "lora+4": ("configs/lora.yaml", ["learner.lora.lr_ratio=4"]),
+    "lora+16-lr-5e-4-no-warmup": ("configs/lora.yaml", ["learner.lora.lr_ratio=16", "learner.lr=5e-4", "learner.warmup_steps=0"]),
+    "orthogonal-no-warmup": ("configs/lora.yaml", ["learner.lora.init=orthogonal", "learner.warmup_steps=0"]),
+}
+RECORD = ["full", "preset", "no-warmup"]  # what `python -m bench.run lora` trains
+
+
+def rl_rows(names: list[str]) -> list[dict]:
+    """Full fine-tuning and LoRA variants `names` of SWEEP, each its SFT warm-up then SWEEP_STEPS
+    RL steps; a table of their held-out pass@1 and each gain against full fine-tuning's."""
+    from bench.bench_algorithms import run
+
+    unknown = [n for n in names if n not in SWEEP]
+    if unknown:
+        raise SystemExit(f"BENCH_LORA_VARIANTS: unknown {', '.join(unknown)}; valid: {', '.join(SWEEP)}")
+    root = tempfile.mkdtemp(prefix="bench-lora-rl-")
+    results = {}
+    for i, name in enumerate(names):
+        results[name] = r = run(*SWEEP[name], f"{root}/{i}", steps=SWEEP_STEPS)
+        print(f"  {name}: pass@1 {r['after_sft']['pass@1']:.3f} -> {r['final']['pass@1']:.3f}, RL {r['rl_seconds']:.0f} s", flush=True)
+    print(f"LoRA against full fine-tuning on the default, {SWEEP_STEPS} RL steps each (held-out pass@1, 8 samples a task, T=1)")
+    print("| run | config | pass@1 after SFT | at the end | gain / full fine-tuning's | greedy | entropy, last step | RL time | samples |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    full = results.get("full")
+    full_gain = full["final"]["pass@1"] - full["after_sft"]["pass@1"] if full else None
+    for name, r in results.items():
+        gain = r["final"]["pass@1"] - r["after_sft"]["pass@1"]
+        entropy = r["last_step"].get("entropy")
+        print(f"| {name} | {SWEEP[name][0]} {' '.join(SWEEP[name][1])} | {r['after_sft']['pass@1']:.3f} | {r['final']['pass@1']:.3f} | "
+              f"{f'{gain / full_gain:.2f}x' if full_gain else '-'} | {r['final']['greedy_pass@1']:.3f} | "
+              f"{'-' if entropy is None else f'{entropy:.3f}'} | {r['rl_seconds']:.0f} s | {r['samples']} |")
+    return [comparison(f"held-out pass@1 after {SWEEP_STEPS} RL steps", "pass@1", names[0],
+                       {name: r["final"]["pass@1"] for name, r in results.items()})]
+
+
+def sweep_main() -> list[dict]:
+    chosen = os.environ.get("BENCH_LORA_VARIANTS")
+    return rl_rows(chosen.split(",") if chosen else list(SWEEP))
+
+
 def main() -> list[dict]:
     init_ray(num_cpus=4)
     corpus = corpus_for_tokenizer()
@@ -124,8 +181,9 @@ def main() -> list[dict]:
                                       {m: r["push_s"] * 1e3 for m, r in results.items()}, lower_is_better=True))
         comparisons.append(comparison(f"optimizer state, {name}", "MiB", "lora",
                                       {m: r["optimizer_state_bytes"] / 2**20 for m, r in results.items()}, lower_is_better=True))
-    return comparisons
+    ray.shutdown()  # each training run starts its own
+    return comparisons + rl_rows(RECORD)
 
 
 if __name__ == "__main__":
-    sft_main() if sys.argv[1:] == ["sft"] else main()
+    {"sft": sft_main, "sweep": sweep_main}.get(sys.argv[1] if sys.argv[1:] else "", main)()

@@ -297,6 +297,15 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _critic_start(self) -> "Config":
+        lora = self.learner.lora
+        if (self.critic.enabled and self.critic.start == "sft" and self.sft.steps and lora is not None
+                and lora.start == "sft" and not lora.merged_export):
+            raise ValueError("critic.start sft reads the policy after SFT as a Hugging Face model, which a LoRA policy "
+                             "(learner.lora.start sft) exports only with learner.lora.merged_export true; or set critic.start model")
+        return self
+
+    @model_validator(mode="after")
     def _refill_filters(self) -> "Config":
         if self.train.max_refill_rounds and not self.learner.group_baseline:
             raise ValueError(f"train.max_refill_rounds: advantage {self.learner.advantage.type} keeps every "

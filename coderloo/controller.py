@@ -328,11 +328,21 @@ class Trainer:
             self.skips.check("sft")
         if config.sft.steps:
             group.push()
+            if self.actors.critic is not None and config.critic.start == "sft":
+                self.critic_from_policy()
             if config.learner.own_reference:
                 learner.mix_reference(1.0)  # the KL reference is the policy RL starts from, as in TRL, OpenRLHF and verl
         if config.learner.lora is not None and config.learner.lora.start == "rl":
             learner.start_lora()  # the adapter starts on the SFT'd policy, which the engines now hold
             group.replan()
+
+    def critic_from_policy(self) -> None:
+        """critic.start sft: the critic starts on the SFT'd policy, written out once for it to read."""
+        directory = Path(self.config.train.output_dir) / "critic_start"
+        with working("starting the critic on the SFT'd policy"):
+            self.actors.learner.save(str(directory))
+            self.actors.critic.start_from(directory)
+        shutil.rmtree(directory)
 
     def resume(self, checkpoint: Path, state: dict) -> None:
         """Weights, optimizer, data cursor, curriculum and generator from the checkpoint."""
@@ -486,7 +496,7 @@ class Trainer:
             stats, self.stream = self.stream.close(batch, sequences), None
         elif len(sequences) >= learn.optimizer_steps * learn.num_ranks:
             stats = self.actors.learner.train_step(sequences, learn.loss, rollout.temperature_at(step), learn.loss_kl_coef(step),
-                                                   rollout.max_new_tokens)
+                                                   rollout.max_new_tokens, learn.lr_at(step))
         t_learn = time.time()
         if stats and self.skips.applied("rl", step, stats, learn.optimizer_steps):
             sync = push_weights(self.actors.group, self.actors.learner)

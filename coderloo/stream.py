@@ -59,7 +59,8 @@ class GroupStream:
         if self.opened and not (last or full) and self.learner.busy():
             return
         if not self.opened:
-            self.learner.open_step(learn.loss, self.config.rollout.temperature_at(self.step), learn.loss_kl_coef(self.step))
+            self.learner.open_step(learn.loss, self.config.rollout.temperature_at(self.step), learn.loss_kl_coef(self.step),
+                                   learn.lr_at(self.step))
             self.opened, self.first_sent = True, time.time()
         for mini, sequences in enumerate(self.waiting):
             if sequences:

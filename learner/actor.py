@@ -183,7 +183,8 @@ class Learner(WeightSource):
 
         config = self.config
         # Only what trains has optimizer state (with LoRA, the adapter).
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=config.weight_decay)
+        ratio = config.lora.lr_ratio if config.lora is not None else 1.0
+        optimizer = torch.optim.AdamW(lora.parameter_groups(model, lr, ratio), lr=lr, weight_decay=config.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # batches are packed by us; the count is informational
             "gradient_accumulation_steps": 1,
@@ -272,7 +273,7 @@ class Learner(WeightSource):
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
     def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False, hidden=None):
         """Next-token logprobs at the sampler's temperature at the completion tokens (0 elsewhere),
@@ -290,17 +291,18 @@ class Learner(WeightSource):
         logprobs, entropies = out
         return logprobs.cpu(), (entropies.cpu() * batch.completion_mask).sum().item()
 
-    def train_step(self, work: Work, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> dict[str, float]:
+    def train_step(self, work: Work, loss_config: PolicyLoss, temperature: float, kl_coef: float,
+                   lr: float | None = None) -> dict[str, float]:
         """Policy-gradient updates: one optimizer step per mini-batch of `work`, with the loss
-        `loss_config` (learner.loss), logprobs at the samples' `temperature` and a KL penalty of
-        weight `kl_coef` in the loss (0: none).
+        `loss_config` (learner.loss), logprobs at the samples' `temperature`, a KL penalty of
+        weight `kl_coef` in the loss (0: none) and learning rate `lr` (None: learner.lr).
 
         Mini-batches after the first are slightly off-policy; the clipped ratio against the
         learner's logprobs at the start of the step accounts for it, and truncated importance
         sampling for the sampler's own difference (see policy_loss).
         """
         started = time.monotonic()
-        self._begin_step(loss_config, temperature, kl_coef)
+        self._begin_step(loss_config, temperature, kl_coef, lr)
         minis = [([self._pack(m) for m in micros], normalizer, tokens) for micros, normalizer, tokens in work]
         # The learner's logprobs before any update: the ratio's reference, and against the
         # sampler's logprobs the measure of the sampler/learner mismatch (kernels, precision,
@@ -337,10 +339,10 @@ class Learner(WeightSource):
     # numbers of passes. A later mini-batch's micro-batches get their step-start logprobs as they
     # come (train_step's separate pass) and train at the close, after the earlier steps.
 
-    def open_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> None:
+    def open_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float, lr: float | None = None) -> None:
         """Start a step whose micro-batches come in several calls."""
         started = time.monotonic()
-        self._begin_step(loss_config, temperature, kl_coef)
+        self._begin_step(loss_config, temperature, kl_coef, lr)
         self._open.busy_s = time.monotonic() - started
 
     def stream_micro_batches(self, micros: list[list[TrainSequence]], mini: int = 0) -> None:
@@ -394,8 +396,8 @@ class Learner(WeightSource):
             totals["pg_loss"] /= divisor
         return self._end_step(totals, started - step.busy_s)
 
-    def _begin_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float) -> None:
-        self._set_lr(self.config.lr)
+    def _begin_step(self, loss_config: PolicyLoss, temperature: float, kl_coef: float, lr: float | None) -> None:
+        self._set_lr(self.config.lr if lr is None else lr)
         self.engine.train()
         train_value = self.config.advantage.type == "ppo"
         if train_value and not self.shared_value:

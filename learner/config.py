@@ -13,6 +13,19 @@ class LoraSettings(Section):
     rank: int = Field(default=16, ge=1, description="r: the rank of each adapter matrix pair.")
     alpha: float = Field(default=32.0, gt=0, description="lora_alpha: the adapter's update is scaled by alpha / rank.")
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    rslora: bool = Field(
+        default=False, description="rsLoRA: scale the update by alpha / sqrt(rank), not alpha / rank, so that a higher "
+        "rank does not learn slower.",
+    )
+    lr_ratio: float = Field(
+        default=1.0, gt=0, description="LoRA+: each B matrix learns at lr_ratio times learner.lr (the A matrices at "
+        "learner.lr). B starts at zero, so at 1 the update grows slowly; the LoRA+ paper uses 16.",
+    )
+    init: Literal["kaiming", "gaussian", "orthogonal"] = Field(
+        default="kaiming", description="How the adapter starts, as PEFT's init_lora_weights (each leaves the base "
+        "weights as they are, so vLLM serves the adapter): kaiming (A Kaiming-uniform, B zero: PEFT's default), "
+        "gaussian (A normal), orthogonal (A and B from one orthogonal basis whose product is zero; an even rank).",
+    )
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, description="Linear layers (by module name, as PEFT matches them) that get an adapter.",
@@ -41,6 +54,12 @@ class LoraSettings(Section):
         description="Checkpoints also hold the merged model in Hugging Face format (beside the adapter, "
         "always saved under adapter/); false: the adapter only.",
     )
+
+    @model_validator(mode="after")
+    def _even_rank(self) -> "LoraSettings":
+        if self.init == "orthogonal" and self.rank % 2:
+            raise ValueError(f"init orthogonal needs an even rank, got rank {self.rank}")
+        return self
 
 
 class MismatchCorrection(Section):
@@ -292,6 +311,12 @@ class LearnerConfig(Section):
         "(cluster.yaml's learner nodes offer `learner_gpu`).",
     )
     lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate of the RL phase.")
+    warmup_steps: int = Field(
+        default=0, ge=0, description="RL steps over which the learning rate rises linearly to lr (step s at "
+        "lr x s / warmup_steps; 0: lr from the first step). An optimizer that starts at the RL phase (a LoRA "
+        "adapter's, with lora.start rl) has no moments yet: its first updates move every parameter by about lr, "
+        "whatever the size of its gradient.",
+    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Training precision.")
@@ -426,6 +451,10 @@ class LearnerConfig(Section):
         """The rank of the LoRA adapters the learner pushes to the rollout engines (None: it pushes whole weights)."""
         return self.lora.rank if self.lora is not None and self.lora.sync == "adapter" else None
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of RL step `step` (1-based)."""
+        return self.lr * min(1.0, step / self.warmup_steps) if self.warmup_steps else self.lr
+
     def kl_coef_at(self, step: int) -> float:
         """The KL weight at RL step `step` (1-based); 0 without a KL term."""
         kl = self.kl
@@ -450,6 +479,13 @@ class CriticConfig(Section):
         "critic-guided best-of-n (pass@1_critic against pass@1_random) at each evaluation.",
     )
     lr: float = Field(default=3e-4, gt=0, description="AdamW learning rate of the critic (backbone and head).")
+    start: Literal["model", "sft"] = Field(
+        default="sft",
+        description="The critic's backbone: sft, the policy after the SFT warm-up (a model that has read the "
+        "reference solutions; CodeRL's critic starts from a pretrained code model, and on the CPU default the "
+        "warm-up stands in for that model's training); model: the model's path as it is. Without SFT steps, "
+        "the model's path either way.",
+    )
     rank_coef: float = Field(
         default=0.0, ge=0, description="Weight of a ranking loss within each task's group of k (a better outcome "
         "scores higher than a worse one of the same prompt) next to the outcome classes' cross-entropy; 0: the "

@@ -1,9 +1,9 @@
 """A CodeRL-style critic: predicts a program's outcome class from its tokens, trained online.
 
-The critic is a model of its own, as CodeRL's is: the transformer backbone of the policy's
-initial checkpoint (so it reads code with the policy's tokenizer and pretrained features) and a
-linear head over four outcome classes, fine-tuned whole on the samples the sandbox scores, in one
-CPU actor: cross-entropy on the classes and, with rank_coef, a ranking loss within each task's
+The critic is a model of its own, as CodeRL's is: a transformer backbone (the policy after its SFT
+warm-up, or the model's path: critic.start; it reads code with the policy's tokenizer and its
+features) and a linear head over four outcome classes, fine-tuned whole on the samples the
+sandbox scores, in one CPU actor: cross-entropy on the classes and, with rank_coef, a ranking loss within each task's
 group of k (a better outcome should score higher than a worse one of the same prompt), since
 cross-entropy alone can learn which tasks pass without telling a task's own samples apart. Not a
 head on the policy's hidden states: the policy's weights then serve the RL objective alone, the
@@ -62,8 +62,6 @@ class Critic:
     """The critic's model and optimizer. `config` is a learner.config.CriticConfig."""
 
     def __init__(self, model_path: str, config, seed: int = 0):
-        from transformers import AutoModel
-
         from common.hf import load_tokenizer
 
         torch.set_num_threads(config.threads)
@@ -71,10 +69,7 @@ class Critic:
         self.config = config
         self.rng = random.Random(seed)
         self.pad_id = load_tokenizer(model_path).pad_token_id
-        self.backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
-        self.head = torch.nn.Linear(self.backbone.config.hidden_size, len(OUTCOMES))
-        params = list(self.backbone.parameters()) + list(self.head.parameters())
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+        self.start_from(model_path)
 
     def _logits(self, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
         batch = pack([TrainSequence(p, c) for p, c in pairs], self.pad_id, packed=False)  # a row each: pooled per row
@@ -111,6 +106,16 @@ class Critic:
             losses.append(loss.item())
             ranks.append(rank.item())
         return {"critic_loss": sum(losses) / len(losses), "critic_rank_loss": sum(ranks) / len(ranks)}
+
+    def start_from(self, model_path: str) -> None:
+        """A new backbone from `model_path` (a Hugging Face checkpoint of the same shape), a new head
+        and optimizer: the critic starts there."""
+        from transformers import AutoModel
+
+        self.backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+        self.head = torch.nn.Linear(self.backbone.config.hidden_size, len(OUTCOMES))
+        params = list(self.backbone.parameters()) + list(self.head.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=0.0)
 
     def save(self, path: str) -> None:
         """Weights, optimizer and sampling state into `path`/critic.pt (a training checkpoint)."""
@@ -214,6 +219,9 @@ class OnlineCritic:
     def p_passed(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> np.ndarray:
         """P(passed) of each pair, for critic-guided selection."""
         return np.array(ray.get(self.actor.predict.remote(prompt_ids, completion_ids)))[:, PASSED]
+
+    def start_from(self, model_path: str | Path) -> None:
+        ray.get(self.actor.start_from.remote(str(model_path)))
 
     def save(self, checkpoint: str | Path) -> None:
         ray.get(self.actor.save.remote(str(checkpoint)))

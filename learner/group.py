@@ -73,17 +73,17 @@ class LearnerGroup:
     # --- steps ---
 
     def train_step(self, sequences: list[TrainSequence], loss: PolicyLoss, temperature: float, kl_coef: float,
-                   max_new_tokens: int) -> dict[str, float]:
+                   max_new_tokens: int, lr: float | None = None) -> dict[str, float]:
         """One RL step: the ranks apply `loss` (learner.loss) to `sequences` (with their per-token
         advantages) drawn at `temperature` with at most the rollout's `max_new_tokens`, with a KL
-        penalty of weight `kl_coef` in the loss (0: none)."""
+        penalty of weight `kl_coef` in the loss (0: none), at learning rate `lr` (None: learner.lr)."""
         work = self._deal(sequences, self.config.optimizer_steps, loss.aggregation, max_new_tokens)
-        return merge_stats(self._wait([r.train_step.remote(w, loss, temperature, kl_coef) for r, w in zip(self.ranks, work)], "train_step"))
+        return merge_stats(self._wait([r.train_step.remote(w, loss, temperature, kl_coef, lr) for r, w in zip(self.ranks, work)], "train_step"))
 
-    def open_step(self, loss: PolicyLoss, temperature: float, kl_coef: float) -> None:
+    def open_step(self, loss: PolicyLoss, temperature: float, kl_coef: float, lr: float | None = None) -> None:
         """Start a step whose sequences come in several `stream` calls as its groups are scored
         (train.stream_groups); train_step's arguments but the sequences."""
-        self.streamed = [r.open_step.remote(loss, temperature, kl_coef) for r in self.ranks]  # the step's calls
+        self.streamed = [r.open_step.remote(loss, temperature, kl_coef, lr) for r in self.ranks]  # the step's calls
         self.turn = 0  # the rank the next send begins with
 
     def stream(self, sequences: list[TrainSequence], mini: int = 0) -> None:

@@ -31,12 +31,24 @@ def wrap(model, settings):
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, use_rslora=settings.rslora,
+        init_lora_weights=True if settings.init == "kaiming" else settings.init,
         target_modules=list(settings.target_modules), modules_to_save=list(settings.modules_to_save) or None,
         bias="none", task_type="CAUSAL_LM",
     )
     # autocast_adapter_dtype=False: the adapter in the model's dtype, as DeepSpeed's precision sets it
     return get_peft_model(model, config, autocast_adapter_dtype=False)
+
+
+def parameter_groups(model, lr: float, lr_ratio: float) -> list[dict]:
+    """The optimizer's groups of `model`'s trained parameters: with LoRA+ (`lr_ratio`), each B
+    matrix in a group of its own whose `lr_scale` the learning rate is multiplied by."""
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not is_peft(model) or lr_ratio == 1:
+        return [{"params": [p for _, p in trained], "lr": lr, "lr_scale": 1.0}]
+    b = [p for name, p in trained if ".lora_B." in name]
+    rest = [p for name, p in trained if ".lora_B." not in name]
+    return [{"params": rest, "lr": lr, "lr_scale": 1.0}, {"params": b, "lr": lr * lr_ratio, "lr_scale": lr_ratio}]
 
 
 def is_peft(model) -> bool:

@@ -181,6 +181,12 @@ def test_cli_rejects_invalid_config_before_starting(capsys):
     assert "learner.loss.clip.eps_low: Input should be less than 1" in capsys.readouterr().err
 
 
+def test_the_learning_rate_warms_up_linearly_then_stays():
+    assert [load_config(None).learner.lr_at(s) for s in (1, 50)] == [2e-4, 2e-4]
+    config = load_config(None, ["learner.lr=1e-3", "learner.warmup_steps=4"])
+    assert [config.learner.lr_at(s) for s in (1, 2, 4, 5, 60)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+
+
 def test_kl_is_absent_by_default_and_its_schedule_is_linear_then_flat():
     assert load_config(None).learner.kl is None and load_config(None).learner.kl_coef_at(1) == 0.0
     config = load_config(None, ["learner.kl.coef=0.1", "learner.kl.coef_final=0.0", "learner.kl.schedule_steps=10"])

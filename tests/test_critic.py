@@ -187,3 +187,24 @@ def test_votes_pool_the_weight_of_identical_programs():
     assert pass_rate_of_pick(passed, scores) == 1.0  # the written-twice program beats the single top score
     assert pass_rate_of_pick(passed, weights) == 0.5
     assert vote_scores(texts, np.ones_like(weights))[0].tolist() == [1, 2, 2, 1]  # majority vote
+
+
+def test_the_critic_starts_from_the_model_it_is_given(ray_cluster, tiny_model, tmp_path):
+    """critic.start sft: the controller hands the critic the SFT'd policy; here, another model."""
+    from transformers import AutoModel
+
+    from coderloo.models import TinyModelSpec, build_tiny_model
+    from coderloo.tasksets.synthetic import corpus_for_tokenizer
+
+    other = build_tiny_model(tmp_path / "other", corpus_for_tokenizer(), TinyModelSpec(seed=1))
+    critic = OnlineCritic(str(tiny_model), CriticConfig(enabled=True), seed=0)
+    try:
+        critic.start_from(other)
+        critic.save(tmp_path)
+    finally:
+        critic.kill()
+    saved = torch.load(tmp_path / "critic.pt", weights_only=True)["backbone"]
+    for which, path in (("other", other), ("tiny", tiny_model)):
+        expected = AutoModel.from_pretrained(path, local_files_only=True).state_dict()
+        same = saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
+        assert same == (which == "other"), which

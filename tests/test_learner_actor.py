@@ -219,7 +219,8 @@ def test_a_streamed_call_that_failed_fails_the_close(ray_cluster, tiny_model):
 
 def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, tmp_path):
     """All advantages zero: nothing moves; one non-zero advantage on a masked token (not the
-    policy's): nothing moves either; the same advantage on a token of the policy's moves the weights."""
+    policy's): nothing moves either; the same advantage on a token of the policy's moves the weights
+    (at learning rate 0 for the step, it does not)."""
     _, sequences = batch(tiny_model, count=4)
     config = LearnerConfig(optimizer_steps=1)
     learner = LearnerGroup(str(tiny_model), config)
@@ -233,11 +234,13 @@ def test_token_advantages_and_the_mask_reach_the_loss(ray_cluster, tiny_model, t
         assert learner.train_step(sequences, *loss(config))["grad_norm"] == 0.0
         unchanged = saved_weights(learner, tmp_path / "unchanged")
         sequences[0].mask = None
+        assert learner.train_step(sequences, *loss(config), lr=0.0)["grad_norm"] > 0  # the step's rate reaches AdamW
+        at_zero = saved_weights(learner, tmp_path / "at-zero")
         assert learner.train_step(sequences, *loss(config))["grad_norm"] > 0
         changed = saved_weights(learner, tmp_path / "changed")
     finally:
         learner.kill()
-    assert all(torch.equal(unchanged[n], initial[n]) for n in initial)
+    assert all(torch.equal(unchanged[n], initial[n]) and torch.equal(at_zero[n], initial[n]) for n in initial)
     assert any(not torch.equal(changed[n], initial[n]) for n in initial)
 
 

@@ -4,7 +4,6 @@ only the adapter."""
 import contextlib
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 import ray
@@ -16,6 +15,7 @@ from common.hf import load_causal_lm
 from common.weight_sync import ADAPTER_PROBE, WeightSource, plan_buckets, probe_sums
 from learner import lora
 from learner.actor import named_weights
+from learner.config import LoraSettings
 from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker
 from rollout_workers.config import WeightSyncConfig
 from rollout_workers.hf_backend import TransformersBackend
@@ -28,8 +28,8 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def settings(rank=8, modules_to_save=()):
-    return SimpleNamespace(rank=rank, alpha=2.0 * rank, dropout=0.0, target_modules=TARGETS, modules_to_save=list(modules_to_save))
+def settings(rank=8, modules_to_save=(), **more):
+    return LoraSettings(rank=rank, alpha=2.0 * rank, target_modules=TARGETS, modules_to_save=list(modules_to_save), **more)
 
 
 def perturb_adapter(model, scale: float) -> None:
@@ -81,20 +81,37 @@ def test_the_merged_weights_are_the_adapted_model(tiny_model, untied_model, whic
     assert probe_sums(dict(model.named_parameters()), plan.probes) == {ADAPTER_PROBE: pytest.approx(total)}
 
 
+def test_lora_plus_moves_each_b_matrix_at_its_own_rate(tiny_model):
+    # orthogonal init: A and B both nonzero (their product zero), so both get gradients at once
+    model = lora.wrap(load_causal_lm(tiny_model), settings(init="orthogonal"))
+    groups = lora.parameter_groups(model, 1e-3, 16.0)
+    assert [g["lr"] for g in groups] == [1e-3, 1.6e-2]
+    before = {n: p.detach().clone() for n, p in lora.trainable(model)}
+    assert all(p.abs().max() > 0 for p in before.values())
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    model(input_ids=torch.randint(0, 200, (2, 12)), labels=torch.randint(0, 200, (2, 12))).loss.backward()
+    optimizer.step()
+    # Adam's first step moves each parameter by its group's rate (times the sign of its gradient)
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in lora.trainable(model)}
+    assert all(v == pytest.approx(1.6e-2, rel=1e-3) for n, v in moved.items() if ".lora_B." in n)
+    assert all(v == pytest.approx(1e-3, rel=1e-3) for n, v in moved.items() if ".lora_A." in n)
+    assert lora.parameter_groups(model, 1e-3, 1.0)[0]["params"] == [p for _, p in lora.trainable(model)]
+
+
 @ray.remote
 class AdapterSource(WeightSource):
     """The sender's side of an adapter push, holding a PEFT model whose adapter the test changes."""
 
-    def __init__(self, path: str, new_base: bool = False):
+    def __init__(self, path: str, new_base: bool = False, rslora: bool = False):
         """`new_base`: the adapter is on other weights than the path's (lora.start rl's SFT'd
-        policy): an engine gets them first."""
+        policy): an engine gets them first. `rslora`: the update scaled by alpha / sqrt(rank)."""
         torch.manual_seed(0)
         model = load_causal_lm(path)
         if new_base:
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(torch.randn_like(p) * 0.3)
-        self.model = lora.wrap(model, settings())
+        self.model = lora.wrap(model, settings(rslora=rslora))
         self.forms = ["base", "adapter"] if new_base else ["adapter"]
 
     def sync_forms(self):
@@ -112,10 +129,12 @@ class AdapterSource(WeightSource):
         return {n: t.clone() for n, t in lora.merged_weights(self.model).items()}
 
 
-@pytest.mark.parametrize("which", ["tied", "untied"])
-def test_vllm_with_the_pushed_adapter_matches_transformers_with_the_merged_weights(ray_cluster, tiny_model, untied_model, which):
+# rsLoRA scales the update by alpha / sqrt(rank), 2.8x alpha / rank at rank 8: an engine that read
+# the adapter's config as plain LoRA would not match the merged weights.
+@pytest.mark.parametrize("which, rslora", [("tied", False), ("untied", True)], ids=["tied", "untied, rsLoRA"])
+def test_vllm_with_the_pushed_adapter_matches_transformers_with_the_merged_weights(ray_cluster, tiny_model, untied_model, which, rslora):
     path = str(tiny_model if which == "tied" else untied_model)
-    source = AdapterSource.remote(path)
+    source = AdapterSource.remote(path, rslora=rslora)
     vllm_worker = RolloutWorker.remote(path, "vllm", threads=1, lora_rank=8)
     hf_worker = RolloutWorker.remote(path, "transformers", threads=1)
     merged = TransformersBackend(path)  # transformers with the merged weights, here in the test's process
@@ -128,7 +147,8 @@ def test_vllm_with_the_pushed_adapter_matches_transformers_with_the_merged_weigh
         full_bytes = sum(p.numel() * 4 for p in load_causal_lm(path).parameters())
         assert plan.nbytes < full_bytes / 5, "an adapter push should be a fraction of the model"
         for version in (1, 2, 3):
-            weights = ray.get(source.perturb.remote(0.4))
+            # rsLoRA's larger scale: smaller steps, for updates of the same size (large ones bring near-ties)
+            weights = ray.get(source.perturb.remote(0.15 if rslora else 0.4))
             merged.model.load_state_dict(weights, strict=True)
             timing = group.push()
             assert group.version == version and timing["sync_bytes"] == plan.nbytes
@@ -145,16 +165,20 @@ def test_vllm_with_the_pushed_adapter_matches_transformers_with_the_merged_weigh
             ray.kill(actor)
 
 
-@pytest.mark.parametrize("stage, sync, dtype", [(0, "adapter", "float32"), (3, "merged", "float32"), (2, "adapter", "bfloat16")])
-def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_resumes(ray_cluster, tiny_model, tmp_path, stage, sync, dtype):
+# the last case: rsLoRA, LoRA+ (two optimizer groups under ZeRO-2) and an adapter that starts nonzero
+@pytest.mark.parametrize("stage, sync, dtype, more", [
+    (0, "adapter", "float32", {}), (3, "merged", "float32", {}),
+    (2, "adapter", "bfloat16", {"rslora": True, "lr_ratio": 4.0, "init": "orthogonal"}),
+])
+def test_the_learner_trains_only_the_adapter_its_reference_is_the_base_and_it_resumes(ray_cluster, tiny_model, tmp_path, stage, sync, dtype, more):
     from peft import PeftModel
 
-    from learner.config import LearnerConfig, LoraSettings
+    from learner.config import LearnerConfig
     from learner.group import LearnerGroup
     from test_learner_actor import batch, loss
 
     config = LearnerConfig(zero_stage=stage, optimizer_steps=2, kl={"coef": 0.1}, max_tokens_per_micro_batch=256, dtype=dtype,
-                           lora=LoraSettings(rank=8, alpha=16, sync=sync))
+                           lora=LoraSettings(rank=8, alpha=16, sync=sync, **more))
     # the whole model's parameters; AdamW over all of them would hold two fp32 moments of each
     whole = sum(p.numel() for p in load_causal_lm(tiny_model).parameters())
     examples, sequences = batch(tiny_model)
@@ -247,6 +271,12 @@ def test_lora_settings_that_cannot_work_name_the_field():
     assert load_config(None, ["learner.lora.modules_to_save=[lm_head]", "learner.lora.sync=merged"]).learner.pushed_adapter_rank is None
     with pytest.raises(ConfigError, match="learner.lora.rank=600"):
         load_config(None, ["learner.lora.rank=600"])
+    with pytest.raises(ConfigError, match="learner.lora.*even rank, got rank 5"):
+        load_config(None, ["learner.lora.rank=5", "learner.lora.init=orthogonal"])
+    no_export = ["learner.lora.rank=8", "learner.lora.merged_export=false", "critic.enabled=true"]
+    with pytest.raises(ConfigError, match="critic.start sft reads the policy after SFT"):
+        load_config(None, no_export)  # the SFT'd LoRA policy would not be written whole for the critic
+    load_config(None, [*no_export, "critic.start=model"])
     with pytest.raises(ConfigError, match="value_model shared"):
         load_config("configs/ppo.yaml", ["learner.lora.rank=8", "learner.advantage.value_model=shared"])
     config = load_config("configs/lora.yaml")

@@ -63,7 +63,7 @@ class RecordingLearner:
     def __init__(self):
         self.calls, self.is_busy = [], False
 
-    def open_step(self, loss, temperature, kl_coef):
+    def open_step(self, loss, temperature, kl_coef, lr=None):
         self.calls.append(("open",))
 
     def stream(self, sequences, mini=0):
