@@ -64,7 +64,7 @@ class RecordingLearner:
         self.calls, self.is_busy = [], False
 
     def open_step(self, loss, temperature, kl_coef, lr=None):
-        self.calls.append(("open",))
+        self.calls.append(("open", lr))
 
     def stream(self, sequences, mini=0):
         self.calls.append(("stream", mini, [s.completion_ids[0] for s in sequences]))
@@ -80,10 +80,11 @@ class RecordingLearner:
 def test_groups_stream_as_they_are_scored_into_the_mini_batch_of_their_task_gathered_while_the_learner_is_busy():
     """optimizer_steps 2, 4 tasks: the groups of the first 2 tasks are the first mini-batch and the
     others the second, whatever order they were scored in; a uniform group (filtered) sends nothing;
-    what arrives while the learner is busy waits and goes in one send per mini-batch; the close gets
-    each mini-batch's sequences and the batch's whitening divisor, after checking them against the
-    batch's."""
-    config = load_config("configs/default.yaml", ["train.stream_groups=true", "train.prompts_per_step=4", "rollout.samples_per_prompt=2"])
+    what arrives while the learner is busy waits and goes in one send per mini-batch; the step opens
+    at its learning rate; the close gets each mini-batch's sequences and the batch's whitening
+    divisor, after checking them against the batch's."""
+    config = load_config("configs/default.yaml", ["train.stream_groups=true", "train.prompts_per_step=4", "rollout.samples_per_prompt=2",
+                                                  "learner.warmup_steps=4"])
     tasks = synthetic_suite()["train"][:4]
     groups = [[trajectory(tasks[g], turn(2, reward(r), start=10 * g + j)) for j, r in enumerate(row)]  # completions start at 10g + j
               for g, row in enumerate([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [1.0, 0.5]])]
@@ -96,6 +97,7 @@ def test_groups_stream_as_they_are_scored_into_the_mini_batch_of_their_task_gath
     stream.add(3, groups[3])  # waits
     batch = build_batch(to_sequences(groups), config.learner, 1)
     stream.close(batch, batch.sequences)
-    assert learner.calls == [("open",), ("stream", 1, [20, 21]), ("stream", 0, [0, 1]), ("stream", 1, [30, 31]),
+    assert config.learner.lr_at(1) == config.learner.lr / 4  # the step's rate, warming up
+    assert learner.calls == [("open", config.learner.lr_at(1)), ("stream", 1, [20, 21]), ("stream", 0, [0, 1]), ("stream", 1, [30, 31]),
                              ("close", [[0, 1], [20, 21, 30, 31]], batch.divisor)]
     assert batch.divisor != 1.0  # whitened: the close divides by it
