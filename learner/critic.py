@@ -3,12 +3,12 @@
 The critic is a model of its own, as CodeRL's is: a transformer backbone (the policy after its SFT
 warm-up, or the model's path: critic.start; it reads code with the policy's tokenizer and its
 features) and a linear head over four outcome classes, fine-tuned whole on the samples the
-sandbox scores, in one CPU actor: cross-entropy on the classes and, with rank_coef, a ranking loss within each task's
-group of k (a better outcome should score higher than a worse one of the same prompt), since
-cross-entropy alone can learn which tasks pass without telling a task's own samples apart. Not a
-head on the policy's hidden states: the policy's weights then serve the RL objective alone, the
-critic trains while the learner does instead of in its step, and a run without a critic is
-unchanged.
+sandbox scores, in one CPU actor: cross-entropy on the classes and, with rank_coef, a ranking
+loss within each task's group of k (a better outcome should score higher than a worse one of the
+same prompt), since cross-entropy alone can learn which tasks pass without telling a task's own
+samples apart. Not a head on the policy's hidden states: the policy's weights then serve the RL
+objective alone, the critic trains while the learner does instead of in its step, and a run
+without a critic is unchanged.
 
 Its features: the mean of the backbone's last hidden states at the completion's positions. Under
 causal attention the prompt's positions never see the completion, and they are the same for all
