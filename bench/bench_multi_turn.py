@@ -14,6 +14,9 @@ Three training runs of the default config's SFT steps and RL steps, prompts and 
   checkpoint.
 - refine+cost: refine with env.turn_cost 0.2 (a pass in round 2 earns 0.2 less than one in round 1):
   whether paying for the first attempt keeps it as good as a single-turn policy's.
+- refine+critic: refine with a critic (critic.enabled) that chooses which 2 of a task's failed
+  attempts are refined each round (env.per_round 2, env.choose critic), as CodeRL does; its
+  evaluations also give pass@1 of the same policy when 2 are chosen at random (pass@1_random_choice).
 
 Each row gives the held-out numbers after SFT and at the end, the RL phase's wall time and the
 trajectories it sampled (and the policy's turns), so that what a gain costs is on the same line.
@@ -36,6 +39,7 @@ VARIANTS = {  # name: (config file, overrides)
     "refine": ("configs/refine.yaml", []),
     "interpreter": ("configs/interpreter.yaml", []),
     "refine+cost": ("configs/refine.yaml", ["env.turn_cost=0.2"]),
+    "refine+critic": ("configs/refine.yaml", ["critic.enabled=true", "env.per_round=2", "env.choose=critic"]),
 }
 
 
@@ -46,6 +50,8 @@ def _rates(metrics: dict) -> str:
         parts.append("rounds 1/2/3 " + " / ".join(f"{r:.3f}" for r in rounds))
     if "single_turn_pass@1" in metrics:
         parts.append(f"single-turn {metrics['single_turn_pass@1']:.3f} (greedy {metrics['single_turn_greedy_pass@1']:.3f})")
+    if "pass@1_random_choice" in metrics:
+        parts.append(f"chosen at random {metrics['pass@1_random_choice']:.3f}")
     if metrics.get("tool_calls_mean"):
         parts.append(f"tool calls {metrics['tool_calls_mean']:.2f}")
     return "; ".join(parts) or "-"
@@ -77,10 +83,14 @@ def main() -> list[dict]:
                 r, b = results[name], results[base]
                 print(f"  {name} - {base}: {100 * (r['final']['pass@1'] - b['final']['pass@1']):+.1f} points of pass@1, "
                       f"{r['rl_seconds'] / max(b['rl_seconds'], 1e-9):.2f}x RL time, {r['samples'] / max(b['samples'], 1):.2f}x trajectories")
-    for name in ("refine", "refine+cost"):
+    for name in ("refine", "refine+cost", "refine+critic"):
         if name in results:
             final = results[name]["final"]
             print(f"  {name}: round 3 - round 1 = {100 * (final['pass@1_round3'] - final['pass@1_round1']):+.1f} points of held-out pass@1")
+    if "refine+critic" in results:
+        final = results["refine+critic"]["final"]
+        print(f"  refine+critic: the critic's choice - a random choice = {100 * (final['pass@1'] - final['pass@1_random_choice']):+.1f} "
+              "points of held-out pass@1 (the same policy)")
     return [comparison(f"held-out pass@1 after {STEPS} RL steps", "pass@1", "single" if "single" in results else names[0],
                        {name: r["final"]["pass@1"] for name, r in results.items()})]
 

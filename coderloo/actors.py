@@ -26,7 +26,8 @@ from rollout_workers.strategies import RolloutStrategy, SingleAttempt, make_stra
 class Actors:
     """What `started` started: the reward service's client, the learner (a training run's), the
     rollout workers, their group and the strategy that drives them (with multi-turn episodes, also
-    a single-attempt strategy on the same policy), and the critic (a training run's, when enabled)."""
+    a single-attempt strategy on the same policy; with refinement that the critic chooses, also one
+    that chooses at random), and the critic (a training run's, when enabled)."""
 
     rewards: RewardClient | None = None
     learner: LearnerGroup | None = None
@@ -34,6 +35,7 @@ class Actors:
     group: RolloutGroup | None = None
     strategy: RolloutStrategy | None = None
     single: RolloutStrategy | None = None
+    random_choice: RolloutStrategy | None = None
     critic: OnlineCritic | None = None
 
     def stop(self) -> None:
@@ -86,9 +88,13 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
             ray.get([w.load_adapter.remote(adapter) for w in actors.workers])
         actors.group = RolloutGroup(actors.workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s, config.rollout.update_in_flight,
                                     side_by_side=config.train.partial_rollouts)
-        actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt)
+        score = actors.critic.p_passed if actors.critic is not None else None
+        actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt, score)
         if config.env.multi_turn:
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)
+        if getattr(config.env, "choose", None) == "critic":
+            random_choice = config.env.model_copy(update={"choose": "random"})
+            actors.random_choice = make_strategy(actors.group, actors.rewards, random_choice, tokenizer, config.prompt)
         if actors.learner is not None:
             actors.group.connect(actors.learner.weight_sources)
         # After Ray's own processes started (they would inherit the set), and given back at the end.

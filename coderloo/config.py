@@ -397,6 +397,12 @@ class Config(Section):
             raise ValueError(f"critic.select_n={self.critic.select_n} is more than eval.samples_per_task={self.eval.samples_per_task}")
         return self
 
+    @model_validator(mode="after")
+    def _refine_choice(self) -> "Config":
+        if self.env.name == "refine" and self.env.choose == "critic" and not self.critic.enabled:
+            raise ValueError("env.choose critic: the critic chooses which failed attempts are refined, and critic.enabled is false")
+        return self
+
 
 class ConfigError(ValueError):
     """An invalid config; the message names the field and the reason."""

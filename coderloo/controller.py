@@ -304,7 +304,8 @@ class Trainer:
         """The held-out evaluation, into metrics.jsonl and the run's metrics."""
         config, actors = self.config, self.actors
         result = evaluate(actors.strategy, self.eval_tasks, config.eval, config.rollout.max_new_tokens, config.rollout.stop,
-                          seed=generation_seed(config, step, 1), critic=actors.critic, label=f"eval {stage} step {step}", single=actors.single)
+                          seed=generation_seed(config, step, 1), critic=actors.critic, label=f"eval {stage} step {step}",
+                          single=actors.single, random_choice=actors.random_choice)
         self.metrics.write("eval", step, stage=stage, version=actors.group.version, **result)
         self.monitor.eval_done(result)
         tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if not isinstance(v, dict)))

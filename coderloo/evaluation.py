@@ -59,6 +59,7 @@ def pass_rate_by(tasks: list[Task], passed: np.ndarray, key: Callable[[Task], ob
 def evaluate(
     strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
     seed: int | None = None, critic: OnlineCritic | None = None, label: str = "eval", single: RolloutStrategy | None = None,
+    random_choice: RolloutStrategy | None = None,
 ) -> dict[str, float | dict[str, float]]:
     """Held-out metrics of the trajectories `strategy` makes for `tasks`, judged by their outcomes:
     pass@k from `config.samples_per_task` samples each (with `config.sampled`), greedy pass@1
@@ -66,7 +67,9 @@ def evaluate(
     pass@1 within 1..R attempts, pass@1_round1..R, never falling, round 1 the first attempts; turns
     and tool calls per trajectory). With `single` (a single-attempt strategy on the same policy,
     for a multi-turn `strategy`), its pass@1 from as many samples with the same seed
-    (single_turn_pass@1), and greedy (single_turn_greedy_pass@1).
+    (single_turn_pass@1), and greedy (single_turn_greedy_pass@1). With `random_choice` (for
+    refinement whose critic chooses which failed attempts go on: the same refinement choosing at
+    random), its pass@1 from as many samples with the same seed (pass@1_random_choice).
 
     With a `critic`, pass@1 of its pick among each task's first `select_n` samples
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
@@ -82,7 +85,7 @@ def evaluate(
     metrics: dict[str, float | dict[str, float]] = {}
     breakdown = None  # (tasks, samples) passed, for the pass rates by difficulty and family
     if config.sampled:
-        breakdown = _sampled(metrics, strategy, tasks, config, max_new_tokens, stop, seed, critic, label, single)
+        breakdown = _sampled(metrics, strategy, tasks, config, max_new_tokens, stop, seed, critic, label, single, random_choice)
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
         greedy = _passed(strategy, tasks, params, None, f"{label}: greedy")
@@ -97,7 +100,8 @@ def evaluate(
 
 
 def _sampled(metrics: dict, strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
-             seed: int | None, critic: OnlineCritic | None, label: str, single: RolloutStrategy | None) -> np.ndarray:
+             seed: int | None, critic: OnlineCritic | None, label: str, single: RolloutStrategy | None,
+             random_choice: RolloutStrategy | None) -> np.ndarray:
     """The sampled evaluation's metrics into `metrics` (see `evaluate`); its samples passed, a row per task."""
     n = config.samples_per_task
     params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
@@ -111,6 +115,8 @@ def _sampled(metrics: dict, strategy: RolloutStrategy, tasks: list[Task], config
         metrics.update(_critic_picks(critic, rollouts.groups, passed))
     if single is not None:
         metrics["single_turn_pass@1"] = float(_passed(single, tasks, params, seed, f"{label}: {n} single-turn samples").mean())
+    if random_choice is not None:
+        metrics["pass@1_random_choice"] = float(_passed(random_choice, tasks, params, seed, f"{label}: refined by a random choice").mean())
     return passed
 
 

@@ -137,6 +137,15 @@ class RefineEnv(_MultiTurnEnv):
     name: Literal["refine"] = "refine"
     max_turns: int = Field(default=3, ge=2, description="Most attempts per trajectory (1 is env single).")
     feedback_chars: int = Field(default=500, ge=1, description="Execution feedback shown to the model is cut to this many characters.")
+    per_round: int = Field(
+        default=0, ge=0,
+        description="Most of a task's failed attempts that are refined each round, the rest ending with what they hold "
+        "(the budget per round; 0: every failed attempt goes on). Which ones: `choose`.")
+    choose: Literal["random", "critic"] = Field(
+        default="random",
+        description="Which failed attempts go on when more than per_round failed: random, or the critic's choice "
+        "(CodeRL's: those it rates most likely to pass; needs critic.enabled). With critic, every evaluation also "
+        "reports pass@1 with a random choice of as many, from first attempts drawn with the same seed (pass@1_random_choice).")
 
 
 class InterpreterEnv(_MultiTurnEnv):

@@ -16,6 +16,7 @@ fits (the turn or token limits): the environment ends those, scoring what they h
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,12 +51,18 @@ class Live:
     tool_calls: int = 0
 
 
+# Of the failed attempts that could go on (indices into a react call's trajectories), those that do:
+# refinement's budget per round (rollout_workers.strategies.MultiTurn).
+Choose = Callable[[list[int]], list[int]]
+
+
 class Environment(Protocol):
     def stop(self, stop: list[str]) -> list[str]:
         """The stop sequences of a turn, from the rollout's."""
 
-    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
-        """A reply for each trajectory's latest turn; a `final` one gets no message."""
+    def react(self, live: list[Live], final: list[bool], choose: Choose | None = None) -> list[Reply]:
+        """A reply for each trajectory's latest turn; a `final` one gets no message, nor a failed
+        attempt that `choose` leaves out (environments whose turns are attempts)."""
 
 
 def answer_program(task: Task, text: str) -> str:
@@ -83,9 +90,11 @@ class _Base:
 
 
 class Refine(_Base):
-    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
+    def react(self, live: list[Live], final: list[bool], choose: Choose | None = None) -> list[Reply]:
         scored = self.rewards.score([t.task for t in live], [t.texts[-1] for t in live])
         again = [i for i, r in enumerate(scored) if not r.passed and not final[i]]
+        if choose is not None:  # before the runs for feedback: an attempt left out ends here
+            again = choose(again)
         # feedback comes from a run on the shown tests alone: a held test's input, expected value
         # or error never reaches the policy, only that the held tests did not all pass
         shown = [i for i in again if live[i].task.public_tests]
@@ -117,7 +126,7 @@ class Interpreter(_Base):
         # a probe prints what it wants to see: a continuation's "\nprint(" stop would cut it
         return [self.config.run_marker] + [s for s in stop if "print(" not in s]
 
-    def react(self, live: list[Live], final: list[bool]) -> list[Reply]:
+    def react(self, live: list[Live], final: list[bool], choose: Choose | None = None) -> list[Reply]:
         runs = [i for i, t in enumerate(live)
                 if t.stops[-1] == self.config.run_marker and t.tool_calls < self.config.max_tool_calls and not final[i]]
         replies: list[Reply | None] = [None] * len(live)

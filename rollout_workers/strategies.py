@@ -16,9 +16,10 @@ a new environment is a new strategy.
 """
 from __future__ import annotations
 
+import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -26,7 +27,7 @@ from reward_service.client import RewardClient
 from reward_service.schemas import ItemReward
 from reward_service.tasks import Task
 from rollout_workers.config import EnvConfig, PromptConfig
-from rollout_workers.environments import Environment, Live, Reply, make_environment
+from rollout_workers.environments import Choose, Environment, Live, Reply, make_environment
 from rollout_workers.group import RolloutGroup
 from rollout_workers.prompts import answered_task, follow_up, generation_params, render, uses_chat_template
 from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn
@@ -35,6 +36,8 @@ from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Tra
 # A group handed on as soon as it is scored (partial rollouts): (the task's index, its k
 # trajectories, how long its scoring took after its samples were generated).
 GroupDone = Callable[[int, list[Trajectory], float], None]
+# The critic's P(passed) of each (context, turn) pair of token ids: which failed attempts refinement goes on with.
+Score = Callable[[list[list[int]], list[list[int]]], Sequence[float]]
 
 
 class RolloutStrategy(Protocol):
@@ -101,9 +104,11 @@ class _Making:
     turns: list[Turn]
     context: list[int]
     live: Live
+    group: int  # the task's index
     observation_tokens: int = 0
     cut_observations: int = 0
     at_limit: bool = False
+    unchosen: bool = False  # ended by the budget per round (env.per_round)
     outcome: ItemReward | None = None
 
 
@@ -119,14 +124,19 @@ class MultiTurn:
 
     Limits: `max_turns`; an observation's message is cut to `observation_tokens` tokens, with a
     marker; a trajectory whose next turn would not fit in `max_total_tokens` or the engine's
-    context ends with the turns it has (its prompt is never cut).
+    context ends with the turns it has (its prompt is never cut). With refinement's `per_round`, at
+    most that many of a task's failed trajectories go on each round: a random choice, or with
+    `choose: critic` those whose latest turn `score` (the critic's P(passed)) rates highest, as
+    CodeRL refines the failed programs its critic rates best; the others end on that turn.
     """
 
     def __init__(self, group: RolloutGroup, env: Environment, config: EnvConfig, tokenizer, prompt: PromptConfig | None = None,
-                 context_length: int | None = None):
+                 context_length: int | None = None, score: Score | None = None):
         if tokenizer is None:
             raise ValueError("a multi-turn strategy needs the policy's tokenizer (observations are tokenized into its context)")
-        self.group, self.env, self.config = group, env, config
+        if getattr(config, "choose", None) == "critic" and score is None:
+            raise ValueError("env.choose critic: refinement needs the critic's scores (critic.enabled, in a training run)")
+        self.group, self.env, self.config, self.score = group, env, config, score
         self.tokenizer, self.prompt = tokenizer, prompt or PromptConfig()
         uses_chat_template(tokenizer, self.prompt)  # prompt.chat_template 'on' without a template fails here
         self.limit = min(config.max_total_tokens, context_length or group.context_length())
@@ -147,16 +157,17 @@ class MultiTurn:
                 progress(1)
 
         redos = self.group.generate_each([render(t, self.tokenizer, self.prompt) for t in tasks], params, seed, got)
-        made = [[_Making([Turn.of(r.prompt_ids, s, None)], list(r.prompt_ids), Live(task, [s.text], [s.stop])) for s in r.samples]
-                for task, r in zip(tasks, first, strict=True)]
+        made = [[_Making([Turn.of(r.prompt_ids, s, None)], list(r.prompt_ids), Live(task, [s.text], [s.stop]), i) for s in r.samples]
+                for i, (task, r) in enumerate(zip(tasks, first, strict=True))]
         generating, reacting = time.time() - started, 0.0
         live = [t for group in made for t in group]
         one = replace(params, n=1)
         round_index = 0
         handed: set[int] = set()
+        rng = random.Random(seed)
         while live:
             t0 = time.time()
-            live = self._react(live, params.max_new_tokens)
+            live = self._react(live, params.max_new_tokens, rng)
             tail = time.time() - t0  # the last one: scoring after the last sample was generated
             reacting += tail
             for i, group in enumerate(made):
@@ -178,11 +189,11 @@ class MultiTurn:
         groups = [[Trajectory(task, t.turns, t.outcome) for t in group] for task, group in zip(tasks, made, strict=True)]
         return Rollouts(groups, {**self._metrics(made, generating, reacting, redos), "time_score_tail_s": tail})
 
-    def _react(self, live: list[_Making], max_new_tokens: int) -> list[_Making]:
+    def _react(self, live: list[_Making], max_new_tokens: int, rng: random.Random) -> list[_Making]:
         """The environment's replies to each live trajectory's latest turn: the trajectories that go
         on, their contexts extended by the turn and the observation."""
         final = [len(t.turns) >= self.config.max_turns for t in live]
-        replies = self.env.react([t.live for t in live], final)
+        replies = self.env.react([t.live for t in live], final, self._chooser(live, rng))
         going, ending = [], []
         for t, reply in zip(live, replies, strict=True):
             turn = t.turns[-1]
@@ -204,6 +215,34 @@ class MultiTurn:
                 t.turns[-1].reward = t.outcome = reply.reward
         return going
 
+    def _chooser(self, live: list[_Making], rng: random.Random) -> Choose | None:
+        """With a budget per round: of the failed trajectories (indices into `live`) that could go
+        on, each task's `per_round` chosen ones (at random, or rated highest by `score`)."""
+        per_round = getattr(self.config, "per_round", 0)
+        if not per_round:
+            return None
+
+        def choose(failed: list[int]) -> list[int]:
+            by_task: dict[int, list[int]] = {}
+            for i in failed:
+                by_task.setdefault(live[i].group, []).append(i)
+            over = [ids for ids in by_task.values() if len(ids) > per_round]
+            if not over:
+                return failed
+            if self.score is not None:
+                every = [i for ids in over for i in ids]
+                scores = self.score([live[i].turns[-1].prompt_ids for i in every], [live[i].turns[-1].token_ids for i in every])
+                rated = dict(zip(every, map(float, scores), strict=True))
+                chosen = [sorted(ids, key=lambda i: -rated[i])[:per_round] for ids in over]  # stable: the first on a tie
+            else:
+                chosen = [rng.sample(ids, per_round) for ids in over]
+            left = {i for ids in over for i in ids} - {i for ids in chosen for i in ids}
+            for i in left:
+                live[i].unchosen = True
+            return [i for i in failed if i not in left]
+
+        return choose
+
     def _metrics(self, made: list[list[_Making]], generating: float, reacting: float, redos: int) -> dict[str, float]:
         every = [t for group in made for t in group]
         n = len(every)
@@ -213,6 +252,7 @@ class MultiTurn:
             "observation_tokens_mean": sum(t.observation_tokens for t in every) / n,
             "observations_cut_mean": sum(t.cut_observations for t in every) / n,  # cut observations per trajectory
             "at_token_limit_fraction": sum(t.at_limit for t in every) / n,
+            "unchosen_fraction": sum(t.unchosen for t in every) / n,  # ended by the budget per round
             "time_generate_s": generating, "time_env_s": reacting, "rollout_retries": redos,
         }
         return metrics
@@ -250,10 +290,11 @@ def pass_rates_by_turn(trajectories: list[Trajectory], turns: int) -> list[float
 
 
 def make_strategy(group: RolloutGroup, rewards: RewardClient, env: EnvConfig, tokenizer,
-                  prompt: PromptConfig) -> RolloutStrategy:
+                  prompt: PromptConfig, score: Score | None = None) -> RolloutStrategy:
     """The configured strategy: single attempts, or multi-turn trajectories in the configured
-    environment; prompts rendered with the policy's `tokenizer` as `prompt` says."""
+    environment; prompts rendered with the policy's `tokenizer` as `prompt` says; `score`: the
+    critic's, for refinement that lets it choose (env.choose critic)."""
     environment = make_environment(env, rewards)
     if environment is None:
         return SingleAttempt(group, rewards, tokenizer, prompt)
-    return MultiTurn(group, environment, env, tokenizer, prompt)
+    return MultiTurn(group, environment, env, tokenizer, prompt, score=score if getattr(env, "choose", None) == "critic" else None)

@@ -204,6 +204,8 @@ def test_multi_turn_training_run(ray_cluster, tiny_model, tmp_path):
         "learner.optimizer_steps=1", "learner.kl.coef=0.05", "learner.kl.into=reward",
         "learner.advantage.filter_uninformative=false",
         "tasks.max_eval_tasks=3", "eval.samples_per_task=2", "eval.k=[1]", "eval.greedy=false",
+        # the critic chooses which failed attempt of a task is refined each round
+        "critic.enabled=true", "critic.select_n=2", "env.per_round=1", "env.choose=critic",
     ])
     summary = train(config)
     rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
@@ -213,12 +215,13 @@ def test_multi_turn_training_run(ray_cluster, tiny_model, tmp_path):
         assert rates == sorted(rates) and rates[-1] == record["pass_rate"]  # the outcome is the last attempt's
         assert 1.0 < record["turns_mean"] <= ROUNDS and record["time_env_s"] > 0 and record["observation_tokens_mean"] > 0
         assert record["turn_cost_mean"] > 0 and record["grad_norm"] > 0 and "kl_sequence_mean" in record
+        assert 0 < record["unchosen_fraction"] < 1 and record["critic_loss"] > 0
     evals = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "eval"]
     assert len(evals) == 3
     for record in evals:
         rates = [record[f"pass@1_round{r}"] for r in range(1, ROUNDS + 1)]
         assert rates == sorted(rates) and rates[-1] == pytest.approx(record["pass@1"]) and rates[-1] <= 1.0
-        assert 0.0 <= record["single_turn_pass@1"] <= 1.0
+        assert 0.0 <= record["single_turn_pass@1"] <= 1.0 and 0.0 <= record["pass@1_random_choice"] <= 1.0
     assert "pass@1_round3" in summary["final"]
 
 

@@ -192,6 +192,49 @@ def test_the_interpreter_runs_a_turn_that_ends_at_the_marker_and_scores_the_answ
     assert rollouts.metrics["tool_calls_mean"] == 1 and "pass@1_round1" not in rollouts.metrics
 
 
+def test_the_critic_chooses_which_failed_attempts_are_refined_within_the_budget_per_round():
+    other = TASK.model_copy(update={"id": "other"})
+    # round 1: task 0's third sample passes, the other five fail; round 2: of the two chosen, task 1's passes
+    group, service = ScriptedGroup(), ScriptedRewards([[False, False, True, False, False, False], [False, True], [False]])
+    asked = []
+
+    def score(prompts, completions):
+        asked.append((prompts, completions))
+        return [0.1, 0.7, 0.3, 0.2, 0.9]  # task 0's samples 0 and 1, task 1's 0, 1 and 2
+
+    config = env_config(name="refine", max_turns=3, per_round=1, choose="critic")
+    rollouts = MultiTurn(group, Refine(service, config), config, TOKENIZER, score=score).run([TASK, other], GenerationParams(n=3), 3)
+    assert [len(prompts) for prompts, _, _ in group.calls] == [2, 2, 1]  # one refined per task, then the one left
+    assert [[len(t.turns) for t in g] for g in rollouts.groups] == [[1, 3, 1], [1, 1, 2]]
+    assert [[t.outcome.passed for t in g] for g in rollouts.groups] == [[False, False, True], [False, False, True]]
+    unchosen = rollouts.groups[0][0]
+    assert unchosen.outcome is unchosen.turns[0].reward  # it ends on the attempt it has
+    assert rollouts.metrics["unchosen_fraction"] == pytest.approx(3 / 6)
+    # asked once, in round 1 (round 2 has one failed attempt, within the budget), of each failed attempt's latest turn
+    assert len(asked) == 1 and len(asked[0][0]) == 5
+    assert [len(tasks) for tasks, _ in service.shown_calls] == [2, 1]  # feedback runs for the chosen ones only
+    first = rollouts.groups[0][1].turns[0]
+    assert asked[0][0][1] == first.prompt_ids and asked[0][1][1] == first.token_ids
+
+
+def test_refinement_without_a_budget_refines_every_failed_attempt_and_a_random_choice_follows_the_seed():
+    def run(seed, **fields):
+        config = env_config(name="refine", max_turns=2, **fields)
+        service = ScriptedRewards([[False] * 4, [False] * (fields.get("per_round") or 4)])
+        return MultiTurn(ScriptedGroup(), Refine(service, config), config, TOKENIZER).run([TASK], GenerationParams(n=4), seed)
+
+    assert [len(t.turns) for t in run(0).groups[0]] == [2, 2, 2, 2] and run(0).metrics["unchosen_fraction"] == 0
+    chosen = [[len(t.turns) for t in run(seed, per_round=2).groups[0]] for seed in (0, 0, 1, 2, 3)]
+    assert all(sorted(turns) == [1, 1, 2, 2] for turns in chosen)
+    assert chosen[0] == chosen[1] and len({tuple(c) for c in chosen}) > 1  # the seed's choice, not always the same
+    config = env_config(name="refine", per_round=2, choose="critic")
+    with pytest.raises(ValueError, match="env.choose critic: refinement needs the critic's scores"):
+        MultiTurn(ScriptedGroup(), Refine(ScriptedRewards(), config), config, TOKENIZER)
+    with pytest.raises(ConfigError, match="env.choose critic: the critic chooses which failed attempts are refined, and critic.enabled is false"):
+        load_config("configs/refine.yaml", ["env.per_round=2", "env.choose=critic"])
+    assert load_config("configs/refine.yaml", ["env.per_round=2", "env.choose=critic", "critic.enabled=true"]).env.choose == "critic"
+
+
 def test_refinement_feedback_comes_from_the_shown_tests_and_says_only_how_the_held_ones_ended():
     cases = [IOTest(stdin=f"{i}\n", stdout=f"{i + 1}\n") for i in range(4)]
     task = Task(id="io/1", prompt="Read n, print n + 1.\n", tests=cases, public_tests=1, reference="print(int(input()) + 1)\n",
@@ -291,6 +334,21 @@ def test_evaluation_reports_rounds_and_single_turn_pass_at_1_of_the_same_policy(
                        "tool_calls_mean": 0.0, "single_turn_pass@1": 0.25, **breakdown}
     assert [params.temperature for _, params, _ in group.calls] == [1.0, 1.0, 1.0]
     assert group.calls[0][2] == group.calls[2][2] == 7  # the single-turn samples are drawn with the same seed
+
+
+def test_evaluation_reports_refinement_by_a_random_choice_next_to_the_critics():
+    from coderloo.config import EvalConfig
+    from coderloo.evaluation import evaluate
+
+    # 4 samples, all failing round 1; the critic refines samples 2 and 3 (2 passes), the random choice two others (none passes)
+    group, service = ScriptedGroup(), ScriptedRewards([[False] * 4, [False, True], [False] * 4, [False, False]])
+    critic = env_config(name="refine", max_turns=2, per_round=2, choose="critic")
+    chosen = MultiTurn(group, Refine(service, critic), critic, TOKENIZER, score=lambda prompts, _: [0.1, 0.2, 0.9, 0.8])
+    at_random = env_config(name="refine", max_turns=2, per_round=2)
+    metrics = evaluate(chosen, [TASK], EvalConfig(samples_per_task=4, k=[1], greedy=False), 16, [], seed=7,
+                       random_choice=MultiTurn(group, Refine(service, at_random), at_random, TOKENIZER))
+    assert metrics["pass@1"] == 0.25 and metrics["pass@1_random_choice"] == 0.0
+    assert [seed for _, _, seed in group.calls][::2] == [7, 7]  # the first attempts of both drawn with the same seed
 
 
 def test_no_gradient_reaches_an_observation_token(tiny_model):
