@@ -52,6 +52,7 @@ from rollout_workers.demonstrations import demonstrations
 from rollout_workers.environments import make_environment
 from rollout_workers.prompts import chat_answer, render, uses_chat_template
 from rollout_workers.strategies import turn_metrics
+from rollout_workers.types import last_answer
 
 
 def resolve(path: str) -> Path:
@@ -109,10 +110,10 @@ def critic_label(reward: ItemReward) -> int | None:
 
 
 def observe(critic: OnlineCritic, rollouts: Rollouts):
-    """The critic predicts, then learns, each trajectory's last program and its outcome."""
+    """The critic predicts, then learns, each trajectory's last program (as one attempt at its task) and its outcome."""
     trajectories = rollouts.trajectories()
-    return critic.observe([t.task.id for t in trajectories], [t.turns[-1].prompt_ids for t in trajectories],
-                          [t.turns[-1].token_ids for t in trajectories], [critic_label(t.outcome) for t in trajectories])
+    prompts, programs = zip(*(last_answer(t.turns) for t in trajectories), strict=True)
+    return critic.observe([t.task.id for t in trajectories], list(prompts), list(programs), [critic_label(t.outcome) for t in trajectories])
 
 
 @dataclass

@@ -14,6 +14,7 @@ from learner.critic import OnlineCritic
 from reward_service.tasks import Task
 from rollout_workers import GenerationParams
 from rollout_workers.strategies import RolloutStrategy
+from rollout_workers.types import last_answer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -131,10 +132,9 @@ def _critic_picks(critic: OnlineCritic, groups: list, passed: np.ndarray) -> dic
     """pass@1 of the critic's pick among each task's first `select_n` samples, of a random pick, a
     majority vote and a vote weighted by the critic among the same ones."""
     m = critic.config.select_n
-    last = [[t.turns[-1] for t in group[:m]] for group in groups]
-    p_passed = critic.p_passed([turn.prompt_ids for row in last for turn in row], [turn.token_ids for row in last for turn in row])
-    p_passed = p_passed.reshape(len(groups), m)
-    texts = [[turn.text for turn in row] for row in last]
+    prompts, programs = zip(*(last_answer(t.turns) for group in groups for t in group[:m]), strict=True)
+    p_passed = critic.p_passed(list(prompts), list(programs)).reshape(len(groups), m)
+    texts = [[t.turns[-1].text for t in group[:m]] for group in groups]
     return {
         "pass@1_critic": pass_rate_of_pick(passed[:, :m], p_passed),
         "pass@1_vote": pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed))),

@@ -9,7 +9,8 @@ fits (the turn or token limits): the environment ends those, scoring what they h
 
 - `Refine`: every attempt is scored by the task's held tests; a failed one is followed by the
   feedback of a run on its shown tests (Task.public_tests: a contest's public examples), or, when
-  it passes them or the task shows none, by how the held tests ended, never what they are.
+  it passes them or the task shows none, by how the held tests ended, never what they are. With
+  a `choose` (refinement's budget per round), only the failed attempts it keeps go on.
 - `Interpreter`: a turn that ends at the run marker asks to run its code; the sandbox runs it
   with the task's limits and no tests, and its stdout, stderr and exit status are the observation,
   up to `max_tool_calls`; any other turn is the answer, scored by the task's held tests.

@@ -30,13 +30,14 @@ from rollout_workers.config import EnvConfig, PromptConfig
 from rollout_workers.environments import Choose, Environment, Live, Reply, make_environment
 from rollout_workers.group import RolloutGroup
 from rollout_workers.prompts import answered_task, follow_up, generation_params, render, uses_chat_template
-from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn
+from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn, last_answer
 
 
 # A group handed on as soon as it is scored (partial rollouts): (the task's index, its k
 # trajectories, how long its scoring took after its samples were generated).
 GroupDone = Callable[[int, list[Trajectory], float], None]
-# The critic's P(passed) of each (context, turn) pair of token ids: which failed attempts refinement goes on with.
+# The critic's P(passed) of each (prompt, program) pair of token ids (types.last_answer): which failed
+# attempts refinement goes on with.
 Score = Callable[[list[list[int]], list[list[int]]], Sequence[float]]
 
 
@@ -126,7 +127,7 @@ class MultiTurn:
     marker; a trajectory whose next turn would not fit in `max_total_tokens` or the engine's
     context ends with the turns it has (its prompt is never cut). With refinement's `per_round`, at
     most that many of a task's failed trajectories go on each round: a random choice, or with
-    `choose: critic` those whose latest turn `score` (the critic's P(passed)) rates highest, as
+    `choose: critic` those whose latest program `score` (the critic's P(passed)) rates highest, as
     CodeRL refines the failed programs its critic rates best; the others end on that turn.
     """
 
@@ -231,7 +232,8 @@ class MultiTurn:
                 return failed
             if self.score is not None:
                 every = [i for ids in over for i in ids]
-                scores = self.score([live[i].turns[-1].prompt_ids for i in every], [live[i].turns[-1].token_ids for i in every])
+                prompts, programs = zip(*(last_answer(live[i].turns) for i in every), strict=True)
+                scores = self.score(list(prompts), list(programs))
                 rated = dict(zip(every, map(float, scores), strict=True))
                 chosen = [sorted(ids, key=lambda i: -rated[i])[:per_round] for ids in over]  # stable: the first on a tie
             else:

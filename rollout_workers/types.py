@@ -88,6 +88,14 @@ class Trajectory:
     outcome: ItemReward
 
 
+def last_answer(turns: list[Turn]) -> tuple[list[int], list[int]]:
+    """The last turn's program as one attempt at the task: the first turn's prompt and the last
+    turn's tokens (each attempt writes the whole program after the task's prompt again). What
+    the critic judges: a program given its task, not the trajectory that led to it, whose length
+    tells whether earlier attempts failed the held tests."""
+    return turns[0].prompt_ids, turns[-1].token_ids
+
+
 @dataclass
 class Rollouts:
     """A strategy's answer for a step's tasks: k trajectories per task (task-major), and what it

@@ -351,6 +351,29 @@ def test_evaluation_reports_refinement_by_a_random_choice_next_to_the_critics():
     assert [seed for _, _, seed in group.calls][::2] == [7, 7]  # the first attempts of both drawn with the same seed
 
 
+def test_the_critic_judges_a_trajectorys_last_program_as_one_attempt_at_its_task():
+    """Not the trajectory's context: its length would tell the critic that earlier attempts failed."""
+    import numpy as np
+
+    from coderloo.config import EvalConfig
+    from coderloo.evaluation import evaluate
+    from learner.config import CriticConfig
+
+    class RecordingCritic:
+        config = CriticConfig(select_n=2)
+
+        def p_passed(self, prompts, programs):
+            self.asked = (prompts, programs)
+            return np.array([0.9, 0.1])
+
+    critic, group = RecordingCritic(), ScriptedGroup()
+    metrics = evaluate(multi_turn(Refine, group, ScriptedRewards([[False, True], [True]]), max_turns=2), [TASK],
+                       EvalConfig(samples_per_task=2, k=[1], greedy=False), 16, [], seed=1, critic=critic)
+    prompt = TOKENIZER(TASK.prompt)["input_ids"]
+    assert critic.asked == ([prompt, prompt], [TOKENIZER("    return 2\n")["input_ids"] + [EOS], TOKENIZER("    return 1\n")["input_ids"] + [EOS]])
+    assert metrics["pass@1_critic"] == 1.0
+
+
 def test_no_gradient_reaches_an_observation_token(tiny_model):
     """A concatenated trajectory through the tiny model and the policy loss: the logits that predict
     observation tokens get no gradient; those that predict the policy's tokens do."""
