@@ -105,7 +105,7 @@ class _Making:
     turns: list[Turn]
     context: list[int]
     live: Live
-    group: int  # the task's index
+    task_index: int
     observation_tokens: int = 0
     cut_observations: int = 0
     at_limit: bool = False
@@ -226,7 +226,7 @@ class MultiTurn:
         def choose(failed: list[int]) -> list[int]:
             by_task: dict[int, list[int]] = {}
             for i in failed:
-                by_task.setdefault(live[i].group, []).append(i)
+                by_task.setdefault(live[i].task_index, []).append(i)
             over = [ids for ids in by_task.values() if len(ids) > per_round]
             if not over:
                 return failed
