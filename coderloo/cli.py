@@ -49,6 +49,9 @@ def _eval(args, config) -> int:
     from coderloo.evaluation import evaluate
     from common.hf import load_tokenizer
 
+    if getattr(config.env, "choose", None) == "critic":
+        raise ConfigError("env.choose critic: the critic that chooses which failed attempts are refined trains in a "
+                          "training run, and coderloo eval has none; evaluate with env.choose=random")
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets
     suites = _suites(config, sets, args.after or config.eval.after, args.data_dir)
     model = str(resolve(args.model or config.model.path))

@@ -81,6 +81,12 @@ def test_eval_rejects_an_unknown_set(capsys):
     assert "unknown evaluation set 'apps2'" in capsys.readouterr().err
 
 
+def test_eval_refuses_refinement_that_the_critic_chooses(capsys):
+    assert main(["eval", "env.name=refine", "env.per_round=2", "env.choose=critic", "critic.enabled=true"]) == 2
+    said = capsys.readouterr().err
+    assert "env.choose critic: the critic that chooses which failed attempts are refined trains in a training run" in said
+
+
 def test_results_table():
     table = results_table({"mbpp": {"tasks": 500, "pass@1": 0.5, "greedy_pass@1": 0.25},
                            "mbpp+": {"tasks": 378, "greedy_pass@1": 0.125}})
