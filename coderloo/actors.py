@@ -92,7 +92,7 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
         actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt, score)
         if config.env.multi_turn:
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)
-        if getattr(config.env, "choose", None) == "critic":
+        if config.env.choose == "critic":
             random_choice = config.env.model_copy(update={"choose": "random"})
             actors.random_choice = make_strategy(actors.group, actors.rewards, random_choice, tokenizer, config.prompt)
         if actors.learner is not None:

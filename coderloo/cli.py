@@ -49,7 +49,7 @@ def _eval(args, config) -> int:
     from coderloo.evaluation import evaluate
     from common.hf import load_tokenizer
 
-    if getattr(config.env, "choose", None) == "critic":
+    if config.env.choose == "critic":
         raise ConfigError("env.choose critic: the critic that chooses which failed attempts are refined trains in a "
                           "training run, and coderloo eval has none; evaluate with env.choose=random")
     sets = [s for s in args.sets.split(",") if s] if args.sets is not None else config.eval.sets

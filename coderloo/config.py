@@ -399,7 +399,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _refine_choice(self) -> "Config":
-        if self.env.name == "refine" and self.env.choose == "critic" and not self.critic.enabled:
+        if self.env.choose == "critic" and not self.critic.enabled:
             raise ValueError("env.choose critic: the critic chooses which failed attempts are refined, and critic.enabled is false")
         return self
 

@@ -112,6 +112,8 @@ class SingleEnv(Variant):
     multi_turn: ClassVar[bool] = False
     train_as: ClassVar[str] = "turns"
     turn_cost: ClassVar[float] = 0.0
+    per_round: ClassVar[int] = 0  # refinement's budget and choice (RefineEnv); none here
+    choose: ClassVar[str] = "random"
 
 
 class _MultiTurnEnv(Variant):
@@ -153,6 +155,8 @@ class InterpreterEnv(_MultiTurnEnv):
     exit status, up to max_tool_calls, before its answer is scored by the tests."""
 
     name: Literal["interpreter"] = "interpreter"
+    per_round: ClassVar[int] = 0  # tool calls are not attempts: no budget per round
+    choose: ClassVar[str] = "random"
     max_tool_calls: int = Field(default=2, ge=0, description="Most runs per trajectory; the turn after the last one is the answer.")
     run_marker: str = Field(default="#>>> run", min_length=1, description="A turn that ends with this asks to run its code.")
 

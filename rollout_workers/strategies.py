@@ -135,7 +135,7 @@ class MultiTurn:
                  context_length: int | None = None, score: Score | None = None):
         if tokenizer is None:
             raise ValueError("a multi-turn strategy needs the policy's tokenizer (observations are tokenized into its context)")
-        if getattr(config, "choose", None) == "critic" and score is None:
+        if config.choose == "critic" and score is None:
             raise ValueError("env.choose critic: refinement needs the critic's scores (critic.enabled, in a training run)")
         self.group, self.env, self.config, self.score = group, env, config, score
         self.tokenizer, self.prompt = tokenizer, prompt or PromptConfig()
@@ -219,7 +219,7 @@ class MultiTurn:
     def _chooser(self, live: list[_Making], rng: random.Random) -> Choose | None:
         """With a budget per round: of the failed trajectories (indices into `live`) that could go
         on, each task's `per_round` chosen ones (at random, or rated highest by `score`)."""
-        per_round = getattr(self.config, "per_round", 0)
+        per_round = self.config.per_round
         if not per_round:
             return None
 
@@ -299,4 +299,4 @@ def make_strategy(group: RolloutGroup, rewards: RewardClient, env: EnvConfig, to
     environment = make_environment(env, rewards)
     if environment is None:
         return SingleAttempt(group, rewards, tokenizer, prompt)
-    return MultiTurn(group, environment, env, tokenizer, prompt, score=score if getattr(env, "choose", None) == "critic" else None)
+    return MultiTurn(group, environment, env, tokenizer, prompt, score=score if env.choose == "critic" else None)
