@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install train test test-fast test-machine coverage docs bench bench-quick soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
+.PHONY: install train test test-fast test-kernels test-machine coverage docs bench bench-quick soak clean sandbox-image cluster-check cluster-up cluster-dashboard cluster-train cluster-down local-cluster-up local-cluster-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: test-machine docs
 # (tests/conftest.py refuses to start the first four there).
 test-fast: $(STAMP)
 	CODERLOO_FAST_TIER=1 $(PY) -m pytest -q -ra -m "not slow" --durations=10 tests
+
+# The numeric tests under other CPU kernel paths of this machine (tests/kernel_paths.sh): run it
+# before a change to a tolerance, a loss, the learner's step or an engine lands (about N minutes).
+test-kernels: $(STAMP)
+	bash tests/kernel_paths.sh
 
 test-machine: $(STAMP)
 	bash tests/machine.sh

@@ -16,6 +16,7 @@ from learner.batch import TrainSequence
 from learner.config import ClipLoss, LearnerConfig
 from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker
+from tests.rounding import assert_same_adam_steps, entropy_rtol, grad_norm_rtol
 
 
 def batch(tiny_model, count=8):
@@ -28,6 +29,12 @@ def loss(config: LearnerConfig, section=None):
     """train_step's arguments after the sequences at RL step 1: the loss (config's, or `section`),
     the temperature, the loss's KL weight and max_new_tokens."""
     return section or config.loss, 1.0, config.loss_kl_coef(1), 48
+
+
+def sizes(sequences) -> tuple[int, int]:
+    """The batch's tokens (each weight gradient's reduction) and its longest sequence."""
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
+    return sum(lengths), max(lengths)
 
 
 def saved_weights(learner: LearnerGroup, path) -> dict[str, torch.Tensor]:
@@ -52,12 +59,11 @@ def test_gradient_checkpointing_takes_the_same_step(ray_cluster, tiny_model, tmp
         finally:
             learner.kill()
     (off_stats, off), (on_stats, on) = steps[False], steps[True]
+    tokens, _ = sizes(sequences)
     assert off_stats["grad_norm"] > 0
-    assert on_stats["grad_norm"] == pytest.approx(off_stats["grad_norm"], rel=1e-6)
-    initial = load_causal_lm(tiny_model).state_dict()
-    assert any(not torch.equal(off[n], initial[n]) for n in initial)
-    for name in initial:
-        torch.testing.assert_close(on[name], off[name], rtol=0, atol=1e-6, msg=name)
+    # the recomputed forward is another call of the same kernels: rounding at most
+    assert on_stats["grad_norm"] == pytest.approx(off_stats["grad_norm"], rel=grad_norm_rtol(tokens))
+    assert_same_adam_steps(on, off, load_causal_lm(tiny_model).state_dict(), LearnerConfig().lr, 1, tokens)
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -95,7 +101,9 @@ def test_zero_stage_trains_and_publishes_whole_weights(ray_cluster, tiny_model, 
     assert torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
     mixed = load_causal_lm(tmp_path / "mixed" / "reference").state_dict()
     for name, tensor in initial.items():
-        torch.testing.assert_close(mixed[name], 0.75 * tensor + 0.25 * published[name], rtol=0, atol=1e-7, msg=name)
+        # a multiply and an add (two roundings), or one fused multiply-add: within 2 ulps
+        expected = 0.75 * tensor + 0.25 * published[name]
+        torch.testing.assert_close(mixed[name], expected, rtol=2 * torch.finfo(torch.float32).eps, atol=0, msg=name)
     assert max(max(k) for k in kl_mixed) > 1e-3
     assert max(abs(v) for k in kl_same for v in k) < 1e-6
 
@@ -152,13 +160,14 @@ def test_two_ranks_zero2_match_one_rank(ray_cluster, tiny_model, tmp_path):
             learner.kill()
     rank0, stats2 = results[2]
     single, stats1 = results[1]
-    initial = load_causal_lm(tiny_model).state_dict()
-    for name in initial:
-        assert torch.allclose(rank0[name], single[name], atol=1e-5), f"{name}: 2 ranks differ from 1 rank"
-    assert any(not torch.allclose(rank0[n], initial[n]) for n in initial)
+    tokens, longest = sizes(sequences)
+    # the two ranks' gradients summed by gloo: another order of the same reduction
+    steps = len(AGGREGATION_STEPS) * config.optimizer_steps
+    assert_same_adam_steps(rank0, single, load_causal_lm(tiny_model).state_dict(), config.lr, steps, tokens, "2 ranks against 1: ")
     assert stats2["tokens"] == stats1["tokens"]  # the two ranks together saw every token once
     # the policy's entropy on the step's tokens, merged over ranks as a token mean
-    assert 0 < stats1["entropy"] and stats2["entropy"] == pytest.approx(stats1["entropy"], rel=1e-4)
+    rtol = entropy_rtol(load_causal_lm(tiny_model).config, longest, tokens)
+    assert 0 < stats1["entropy"] and stats2["entropy"] == pytest.approx(stats1["entropy"], rel=rtol)
 
 
 @pytest.mark.parametrize("ranks, stage, minis", [(1, 0, 1), (2, 1, 2)])
@@ -189,14 +198,14 @@ def test_a_step_streamed_in_parts_takes_the_step_of_the_whole_batch(ray_cluster,
         finally:
             learner.kill()
     (whole, whole_stats), (streamed, streamed_stats) = results["whole"], results["streamed"]
+    # other ranks and micro-batches: other orders of the same reductions (tests/rounding.py)
+    tokens, longest = sizes(sequences)
+    initial = load_causal_lm(tiny_model)
     assert whole_stats["grad_norm"] > 0  # the last optimizer step's
-    assert streamed_stats["grad_norm"] == pytest.approx(whole_stats["grad_norm"], rel=1e-5)
+    assert streamed_stats["grad_norm"] == pytest.approx(whole_stats["grad_norm"], rel=grad_norm_rtol(tokens))
     assert streamed_stats["tokens"] == whole_stats["tokens"]
-    assert streamed_stats["entropy"] == pytest.approx(whole_stats["entropy"], rel=1e-5)
-    initial = load_causal_lm(tiny_model).state_dict()
-    assert any(not torch.equal(whole[n], initial[n]) for n in initial)
-    for name in initial:
-        torch.testing.assert_close(streamed[name], whole[name], rtol=0, atol=1e-5, msg=name)  # as two ranks against one
+    assert streamed_stats["entropy"] == pytest.approx(whole_stats["entropy"], rel=entropy_rtol(initial.config, longest, tokens))
+    assert_same_adam_steps(streamed, whole, initial.state_dict(), 1e-3, minis, tokens)
 
 
 def test_a_streamed_call_that_failed_fails_the_close(ray_cluster, tiny_model):

@@ -188,6 +188,7 @@ def test_packed_rows_give_each_sequence_the_logprobs_it_has_alone(tiny_model):
     the tiny model's attention implementation: packed equals padded."""
     from common.hf import load_causal_lm
     from learner.logits import chunked_logprobs, final_hidden_states
+    from tests.rounding import logprob_bound
 
     model = load_causal_lm(tiny_model).eval()
     generator = torch.Generator().manual_seed(0)
@@ -202,9 +203,10 @@ def test_packed_rows_give_each_sequence_the_logprobs_it_has_alone(tiny_model):
         out[layout] = (b, b.completion_rows(seqs, logprobs))
     assert out["packed"][0].input_ids.shape[0] < len(seqs) and out["packed"][0].padding_share < out["padded"][0].padding_share
     assert out["one row"][0].input_ids.shape[0] == 1
+    bound = logprob_bound(model, 200)  # other rows, other shapes: the same sums rounded otherwise
     for layout in ("packed", "one row"):
         for packed_row, padded_row in zip(out[layout][1], out["padded"][1]):
-            assert torch.tensor(packed_row) == pytest.approx(torch.tensor(padded_row), abs=1e-5)
+            assert torch.tensor(packed_row) == pytest.approx(torch.tensor(padded_row), abs=bound)
 
 
 def test_pack_places_token_advantages_and_the_policy_mask_on_their_tokens():
