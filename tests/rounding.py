@@ -95,8 +95,8 @@ def logprob_bound(model, context: int, lora_rank: int = 0) -> float:
     log-sum-exp of all (within the largest logit error of them), so each path is off by at most twice
     the largest logit error, N * u * |h| * max |w|, where the final RMSNorm bounds |h| by sqrt(hidden)
     times its largest weight."""
-    h = model.config.hidden_size**0.5 * float(model.model.norm.weight.abs().max())
-    w = float(model.get_output_embeddings().weight.norm(dim=1).max())
+    h = model.config.hidden_size**0.5 * float(model.model.norm.weight.detach().abs().max())
+    w = float(model.get_output_embeddings().weight.detach().norm(dim=1).max())
     return 2 * 2 * reduction_length(model.config, context, lora_rank) * UNIT_ROUNDOFF * h * w
 
 

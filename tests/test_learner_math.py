@@ -11,6 +11,7 @@ from learner.batch import TrainSequence, pack, prefix_trees
 from learner.config import PolicyLoss
 from learner.packing import cost, deal_to_ranks, pack_by_tokens, rows_of, split_even
 from learner.losses import LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
+from tests.rounding import UNIT_ROUNDOFF
 
 
 
@@ -294,7 +295,7 @@ def test_token_normalizer_makes_micro_batch_losses_add_up_to_the_whole():
     adv = torch.randn(4)
     whole, _ = loss_of(lp, lp, adv, mask, 0.2)
     parts = [loss_of(lp[i:i + 2], lp[i:i + 2], adv[i:i + 2], mask[i:i + 2], 0.2, normalizer=mask.sum().item())[0] for i in (0, 2)]
-    assert torch.allclose(sum(parts), whole)
+    assert torch.allclose(sum(parts), whole)  # 24 terms in another order: 24 u (1.4e-6), within rtol 1e-5
     per_seq, _ = loss_of(lp, lp, adv, mask, 0.2, normalizer=4.0)  # sequence mean of token sums
     assert torch.allclose(per_seq, -(adv[:, None] * mask).sum() / 4)
 
@@ -332,6 +333,7 @@ def test_every_aggregation_is_independent_of_the_micro_batch_split(aggregation, 
             total = total + policy_loss(LossInputs(logprobs[part], step_start[part], step_start[part], advantages[part], mask[part]), config, normalizer=normalizer)[0]
             start += rows
         grad_parts, = torch.autograd.grad(total, logprobs)
+        # 48 terms summed in another split: 48 u (3e-6) of values below 1, within allclose's rtol 1e-5 and atol 1e-6
         assert torch.allclose(total, whole, atol=1e-6) and torch.allclose(grad_parts, grad_whole, atol=1e-6)
     assert grad_whole.abs().max().item() > 1e-3
 
@@ -499,6 +501,8 @@ def test_value_loss_matches_openrlhf():
     (our_grad,) = torch.autograd.grad(ours, values)
     theirs = openrlhf_value_loss(values, old, returns, mask, 0.2)
     (their_grad,) = torch.autograd.grad(theirs, values)
+    # 27 squared errors (of one sign) summed in another order: 27 u (1.6e-6) relative, within allclose's rtol
+    # 1e-5; each gradient is its own term's (no sum)
     assert torch.allclose(ours, theirs, atol=1e-7) and torch.allclose(our_grad, their_grad, atol=1e-7)
 
 
@@ -564,6 +568,11 @@ def test_per_sequence_terms_follow_the_sequences_of_a_packed_row(fields):
         if packed:
             assert b.input_ids.shape[0] < len(seqs)  # some row holds several
             rowwise = policy_loss(LossInputs(logprobs, b.old_values, b.old_values, b.advantages, b.completion_mask), config, max_new_tokens=8)[0]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    # the same 17 per-token terms summed in other orders: 17 u of their sizes' sum, each at most
+    # e (the ratio of logprobs in (-1, 0)) times its advantage; a token's gradient sums at most its
+    # sequence's 6 terms: 6 u relative, within rel 1e-6 (17 u)
+    tokens = sum(c for _, c in lengths)
+    scale = math.e * sum(abs(a) for s in seqs for a in s.advantages)
+    assert losses[0] == pytest.approx(losses[1], abs=tokens * UNIT_ROUNDOFF * scale)
     assert sum(grads[0], []) == pytest.approx(sum(grads[1], []), rel=1e-6, abs=1e-9)
     assert rowwise.item() != pytest.approx(losses[1], rel=1e-3)  # what a row taken for one sequence gives

@@ -10,12 +10,16 @@ from coderloo.tasksets.synthetic import synthetic_suite
 from learner.algorithm import build_batch, to_sequences
 from learner.batch import TrainSequence
 from test_algorithm import reward, trajectory, turn
+from tests.rounding import grad_norm_rtol
 
 
 def test_a_streamed_run_trains_as_the_same_run_does_with_the_whole_batch(ray_cluster, tiny_model, tmp_path):
     """The asynchronous pipeline with and without streaming, the same seeds: the same samples, and
     the same updates (each step's gradient norm before clipping, with whitened advantages); the
-    streamed steps reached the learner in several sends, the first before the step closed."""
+    streamed steps reached the learner in several sends, the first before the step closed.
+    (The updates differ by rounding, so a later step's samples could differ where a sampled
+    uniform falls within rounding of a boundary of the sampler's distribution: of the order of the
+    tokens sampled times the probabilities' rounding, about 400 x 1e-6 a run, left as it is.)"""
     steps = {}
     for streamed in (False, True):
         out = tmp_path / f"streamed-{streamed}"
@@ -33,7 +37,8 @@ def test_a_streamed_run_trains_as_the_same_run_does_with_the_whole_batch(ray_clu
     assert [r["step"] for r in streamed] == [1, 2, 3]
     for a, b in zip(whole, streamed):
         assert b["reward_mean"] == a["reward_mean"] and b["samples"] == a["samples"] == 24
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-7)
+        # other micro-batches: the same reductions over the step's tokens in other orders (tests/rounding.py)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=grad_norm_rtol(a["learner_tokens"]))
         assert b["tokens"] == a["tokens"]
         assert b["time_learner_busy_s"] > 0 and 0 <= b["learner_idle_fraction"] <= 1
         assert 1 <= b["stream_sends"] <= 6 and b["time_stream_lead_s"] >= 0
