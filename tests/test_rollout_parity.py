@@ -233,10 +233,10 @@ def test_a_push_during_a_long_generation_lands_between_decoding_steps(ray_cluste
     long = GenerationParams(n=1, max_new_tokens=400, temperature=0.0)
     try:
         group.connect([source])
-        v1 = reference_model(path, ray.get(source.perturb.remote(0.3)))
+        at_v1 = reference_model(path, ray.get(source.perturb.remote(0.3)))
         group.push()  # version 1: prompt-dependent outputs of lengths from tens to hundreds of tokens
         before = RolloutGroup([fresh]).generate(PROMPTS, long)
-        v2 = reference_model(path, ray.get(source.perturb.remote(0.3)))
+        at_v2 = reference_model(path, ray.get(source.perturb.remote(0.3)))
         out: list = [None] * len(PROMPTS)
 
         def done(index, rollout):
@@ -257,12 +257,12 @@ def test_a_push_during_a_long_generation_lands_between_decoding_steps(ray_cluste
             assert (v1, v2) == (1, 2) and 0 < cut < len(sample.token_ids) and sample.policy_version == 1
             # the engines batch other requests beside these (other shapes, other rounding): equal
             # greedy tokens up to a near-tie (tests/rounding.py)
-            assert_same_greedy(v1, [rollout.prompt_ids], [old.samples[0].token_ids[:cut]], [sample.token_ids[:cut]], what="before the push")
+            assert_same_greedy(at_v1, [rollout.prompt_ids], [old.samples[0].token_ids[:cut]], [sample.token_ids[:cut]], what="before the push")
             prefix = rollout.prompt_ids + sample.token_ids[:cut]
             again = RolloutGroup([fresh]).generate([prefix], GenerationParams(n=1, max_new_tokens=len(sample.token_ids) - cut, temperature=0.0))[0]
-            seen = assert_same_greedy(v2, [prefix], [again.samples[0].token_ids], [sample.token_ids[cut:]], what="after the push")
+            seen = assert_same_greedy(at_v2, [prefix], [again.samples[0].token_ids], [sample.token_ids[cut:]], what="after the push")
             compared = seen.compared + 1  # up to the first token that parts, whose logprob was still computed alike
-            bound = logprob_bound(v2, len(prefix) + len(again.samples[0].token_ids))
+            bound = logprob_bound(at_v2, len(prefix) + len(again.samples[0].token_ids))
             assert again.samples[0].sampler_logprobs[:compared] == pytest.approx(sample.sampler_logprobs[cut:cut + compared], abs=bound)
             changed += old.samples[0].token_ids[cut:] != sample.token_ids[cut:]
         assert changed, "the new weights changed no continuation: the checks above would pass without the push"
