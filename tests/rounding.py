@@ -114,27 +114,32 @@ def adam_moves(steps: int, betas=(0.9, 0.999)) -> float:
     return total
 
 
+APART = 1 / 64  # of lr a step: weights further apart than this count as rounding-sensitive
+
+
 def assert_same_adam_steps(got: dict, want: dict, initial: dict, lr: float, steps: int, tokens: int, what: str = "") -> int:
     """Weights after `steps` AdamW steps at `lr`, taken along two float32 paths from `initial`
     on a batch of `tokens` tokens (the length of each weight gradient's reduction).
 
-    Adam's update is sign-like: wherever a weight's gradient is far from zero, both paths move it
-    alike, to the update's rounding; where the gradient is within its reduction's rounding of zero
-    (|g| <= tokens * u * the size of its terms), its sign is the rounding's, and the paths may move
-    that weight by up to lr a step in opposite ways. So: every weight within 2 * adam_moves(steps)
-    * lr of the other path's; those more than lr / 2 apart are such flips, counted; and flips are
-    as rare as gradients that close to zero, a fraction of about tokens * u of the weights when the
-    gradients spread over the size of their terms. Returns the count."""
-    reach = 2 * adam_moves(steps) * lr
-    flips, count = 0, 0
+    Adam's update lr * m / (sqrt(v) + eps) is sign-like: a gradient g off by its reduction's
+    rounding dg (tokens * u of its terms' sizes) moves the update by about lr * dg / |g|. So where
+    |g| is far above dg both paths move a weight alike; where |g| is within dg of zero its sign is
+    the rounding's, and the paths may move the weight by up to lr a step in opposite ways. Hence:
+    every weight within 2 * adam_moves(steps) * lr of the other path's; and weights more than
+    APART * lr a step apart are those with |g| below dg / APART, a fraction of about tokens * u /
+    APART of the weights (gradients spread over the size of their terms): counted, and no more
+    allowed. A step not taken, or at another rate, moves most weights apart. Returns the count."""
+    reach, apart = 2 * adam_moves(steps) * lr, APART * lr * steps
+    sensitive, count = 0, 0
     for name, start in initial.items():
-        apart = (got[name] - want[name]).abs()
-        assert float(apart.max()) <= reach, f"{what}{name}: {float(apart.max()):.3g} apart, beyond Adam's reach {reach:.3g}"
-        flips += int((apart > lr / 2).sum())
+        gap = (got[name] - want[name]).abs()
+        assert float(gap.max()) <= reach, f"{what}{name}: {float(gap.max()):.3g} apart, beyond Adam's reach {reach:.3g}"
+        sensitive += int((gap > apart).sum())
         count += start.numel()
-    assert flips <= max(1, tokens * UNIT_ROUNDOFF * count), f"{what}{flips} of {count} weights moved apart (rounding flips some {tokens * UNIT_ROUNDOFF * count:.0f})"
+    allowed = tokens * UNIT_ROUNDOFF / APART * count
+    assert sensitive <= max(1, allowed), f"{what}{sensitive} of {count} weights more than {apart:.3g} apart (rounding moves some {allowed:.0f})"
     assert any(not torch.equal(want[n], initial[n]) for n in initial), f"{what}no weight moved: the check would say nothing"
-    return flips
+    return sensitive
 
 
 def grad_norm_rtol(tokens: int) -> float:

@@ -68,7 +68,7 @@ def adam(weights: dict, grads: list[dict], lr: float) -> dict:
 
 def test_adam_steps_agree_to_rounding_flips_and_not_beyond():
     """Two paths' gradients that differ by rounding (a relative u per element, and one element
-    within rounding of zero whose sign differs) pass; the same steps at twice the rate, one step
+    within rounding of zero whose sign differs) pass; the same steps at 1.1 times the rate, one step
     fewer, or a gradient of another direction do not."""
     g = torch.Generator().manual_seed(0)
     weights = {"w": torch.randn(200, 100, generator=g), "b": torch.randn(100, generator=g)}
@@ -81,7 +81,7 @@ def test_adam_steps_agree_to_rounding_flips_and_not_beyond():
     tokens, lr = 100, 1e-3
     want = adam(weights, grads, lr)
     assert assert_same_adam_steps(adam(weights, rounded, lr), want, weights, lr, 2, tokens) == 1
-    for got in (adam(weights, grads, 2 * lr), adam(weights, grads[:1], lr),
+    for got in (adam(weights, grads, 1.1 * lr), adam(weights, grads[:1], lr),
                 adam(weights, [{n: torch.randn(t.shape, generator=g) * 1e-3 for n, t in weights.items()} for _ in range(2)], lr)):
         with pytest.raises(AssertionError):
             assert_same_adam_steps(got, want, weights, lr, 2, tokens)
