@@ -37,7 +37,8 @@ test-fast: $(STAMP)
 	CODERLOO_FAST_TIER=1 $(PY) -m pytest -q -ra -m "not slow" --durations=10 tests
 
 # The numeric tests under other CPU kernel paths of this machine (tests/kernel_paths.sh): run it
-# before a change to a tolerance, a loss, the learner's step or an engine lands (about N minutes).
+# before a change to a tolerance, a loss, the learner's step or an engine lands (6 settings of
+# 10-12 minutes each on 2 cores; KERNEL_PATHS and KERNEL_TESTS narrow it).
 test-kernels: $(STAMP)
 	bash tests/kernel_paths.sh
 
