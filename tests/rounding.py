@@ -142,6 +142,12 @@ def assert_same_adam_steps(got: dict, want: dict, initial: dict, lr: float, step
     return sensitive
 
 
+def sizes(sequences) -> tuple[int, int]:
+    """A batch's tokens (each weight gradient's reduction) and its longest sequence."""
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
+    return sum(lengths), max(lengths)
+
+
 def grad_norm_rtol(tokens: int) -> float:
     """Two paths' gradient norms on one batch: each gradient element is a reduction over the batch's
     tokens (n * u relative to its terms' sizes), and terms of either sign (advantages +-1) cancel to

@@ -16,7 +16,7 @@ from learner.batch import TrainSequence
 from learner.config import ClipLoss, LearnerConfig
 from learner.group import LearnerGroup
 from rollout_workers import RolloutGroup, RolloutWorker
-from tests.rounding import assert_same_adam_steps, entropy_rtol, grad_norm_rtol
+from tests.rounding import assert_same_adam_steps, entropy_rtol, grad_norm_rtol, sizes
 
 
 def batch(tiny_model, count=8):
@@ -29,12 +29,6 @@ def loss(config: LearnerConfig, section=None):
     """train_step's arguments after the sequences at RL step 1: the loss (config's, or `section`),
     the temperature, the loss's KL weight and max_new_tokens."""
     return section or config.loss, 1.0, config.loss_kl_coef(1), 48
-
-
-def sizes(sequences) -> tuple[int, int]:
-    """The batch's tokens (each weight gradient's reduction) and its longest sequence."""
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
-    return sum(lengths), max(lengths)
 
 
 def saved_weights(learner: LearnerGroup, path) -> dict[str, torch.Tensor]:

@@ -3,52 +3,50 @@
 import pytest
 import torch
 
-from common.hf import load_causal_lm, load_tokenizer
+from common.hf import load_causal_lm
 from coderloo.tasksets.synthetic import synthetic_suite
 from learner import lora
 from learner.config import LoraSettings
+from rollout_workers import GenerationParams
+from rollout_workers.hf_backend import TransformersBackend
 from tests.rounding import UNIT_ROUNDOFF, adam_moves, assert_same_adam_steps, compare_greedy
 
 PROMPTS = [t.prompt for t in synthetic_suite()["heldout"][::6]]
+GREEDY = GenerationParams(n=1, max_new_tokens=16, temperature=0.0)
+TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]
 
 
-def greedy(model, prompt_ids: list[list[int]], eos: int) -> list[list[int]]:
-    out = []
-    for ids in prompt_ids:
-        seq = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
-        out.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
-    return out
+def merged(path, adapter: dict, rslora: bool):
+    """The model with the adapter's weights merged at rsLoRA's scale (alpha / sqrt r) or plain LoRA's (alpha / r)."""
+    from peft import set_peft_model_state_dict
 
-
-def merged_model(path, adapter: dict, scale: float):
-    """The model with W + scale * B A in every adapted layer."""
+    peft = lora.wrap(load_causal_lm(path), LoraSettings(rank=8, alpha=16, rslora=rslora, target_modules=TARGETS))
+    set_peft_model_state_dict(peft, adapter)
     model = load_causal_lm(path)
-    state = model.state_dict()
-    with torch.no_grad():
-        for name in state:
-            a = adapter.get(f"base_model.model.{name.removesuffix('.weight')}.lora_A.weight")
-            if a is not None:
-                state[name] += scale * adapter[f"base_model.model.{name.removesuffix('.weight')}.lora_B.weight"] @ a
-    model.load_state_dict(state)
+    model.load_state_dict(lora.merged_weights(peft), strict=True)
     return model.eval()
+
+
+def greedy(engine: TransformersBackend, model) -> tuple[list[list[int]], list[list[int]]]:
+    engine.model = model
+    rollouts = [r for _, r in engine.generate_stream(PROMPTS, GREEDY, 0)]
+    return [r.prompt_ids for r in rollouts], [r.samples[0].token_ids for r in rollouts]
 
 
 def test_greedy_outputs_of_a_wrong_adapter_scale_part_beyond_rounding(tiny_model):
     """rsLoRA scales the update by alpha / sqrt(rank), plain LoRA by alpha / rank: an engine that read
     the scale wrong parts from the right merged weights at margins far beyond float32 rounding."""
     torch.manual_seed(0)
-    peft = lora.wrap(load_causal_lm(tiny_model), LoraSettings(rank=8, alpha=16, rslora=True, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    peft = lora.wrap(load_causal_lm(tiny_model), LoraSettings(rank=8, alpha=16, rslora=True, target_modules=TARGETS))
     with torch.no_grad():
         for _, p in lora.trainable(peft):
             p.add_(torch.randn_like(p) * 0.15)
     adapter = lora.adapter_weights(peft)
-    tokenizer = load_tokenizer(tiny_model)
-    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    right = merged_model(tiny_model, adapter, 16 / 8**0.5)
-    with torch.no_grad():
-        expected = greedy(right, prompt_ids, tokenizer.eos_token_id)
-        again = greedy(merged_model(tiny_model, adapter, 16 / 8**0.5), prompt_ids, tokenizer.eos_token_id)
-        wrong = greedy(merged_model(tiny_model, adapter, 16 / 8), prompt_ids, tokenizer.eos_token_id)
+    engine = TransformersBackend(str(tiny_model))
+    right = merged(tiny_model, adapter, rslora=True)
+    prompt_ids, expected = greedy(engine, right)
+    _, again = greedy(engine, merged(tiny_model, adapter, rslora=True))
+    _, wrong = greedy(engine, merged(tiny_model, adapter, rslora=False))
     assert len({tuple(ids) for ids in expected}) >= 4
     same = compare_greedy(right, prompt_ids, expected, again, lora_rank=8)
     assert same.near_ties == [] and same.compared == sum(map(len, expected))

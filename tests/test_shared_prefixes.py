@@ -12,7 +12,7 @@ from coderloo.tasksets.synthetic import synthetic_suite
 from common.hf import load_causal_lm, load_tokenizer
 from learner.batch import TrainSequence, pack
 from learner.logits import chunked_logprobs, final_hidden_states
-from tests.rounding import assert_same_adam_steps, entropy_rtol, grad_norm_rtol, logprob_bound
+from tests.rounding import assert_same_adam_steps, entropy_rtol, grad_norm_rtol, logprob_bound, sizes
 
 
 def shared_prefix_sequences(tiny_model) -> list[TrainSequence]:
@@ -60,11 +60,11 @@ def test_a_shared_prefix_gives_each_sequence_its_logprobs_entropies_and_gradient
     assert shared.attention_mask is not None and alone.attention_mask is None
     # the 4-D mask reduces the same terms in other orders (tests/rounding.py); the temperature
     # divides the logits and their errors; an entropy is a mean of logprobs, within their bound
-    bound = logprob_bound(model, max(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)) / 0.7
+    tokens, longest = sizes(seqs)
+    bound = logprob_bound(model, longest) / 0.7
     for i in range(len(seqs)):
         assert lp_shared[i] == pytest.approx(lp[i], abs=bound), f"sequence {i}"
         assert ent_shared[i] == pytest.approx(ent[i], abs=bound), f"sequence {i}"
-    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
     for name, grad in grads.items():
         scale = grad.abs().max().item()
         assert scale > 0, name
@@ -80,7 +80,7 @@ def test_the_learner_takes_the_same_step_with_shared_prefixes(ray_cluster, tiny_
     from safetensors.torch import load_file
 
     from learner import lora as lora_files
-    from test_learner_actor import loss, saved_weights, sizes
+    from test_learner_actor import loss, saved_weights
 
     seqs = shared_prefix_sequences(tiny_model)
     results = {}
