@@ -61,7 +61,7 @@ def execution_feedback(task: Task, result: ExecutionResult, limits: Limits) -> s
     lines = [why_it_ended(result, limits)]
     failing = next((i for i, t in enumerate(result.tests) if not t.passed), None)
     if failing is not None:
-        lines += [f"first failing test: {cut(test_text(task.held[failing]))}",
+        lines += [f"first failing test: {cut(test_text(task.tests[failing]))}",
                   cut(result.tests[failing].error or "it did not pass")]
     if result.status in (Status.syntax_error, Status.runtime_error):
         tail = stderr_tail(result.stderr)
@@ -166,7 +166,7 @@ def coverage(program: str, executed: list[int] | None) -> Score | None:
 def did_not_compile(task: Task, error: Diagnostic) -> ExecutionResult:
     """The sandbox's answer to a program that does not compile, given without running it: the
     sandbox's first step is the same `compile`, and its tests never run after a failed one."""
-    return ExecutionResult.build(len(task.held), Status.syntax_error,
+    return ExecutionResult.build(len(task.tests), Status.syntax_error,
                                  f"SyntaxError: {error.message} (line {error.row}, column {error.column})")
 
 

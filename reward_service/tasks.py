@@ -43,9 +43,10 @@ class Task(BaseModel):
     language: Literal["python", "cpp", "javascript"] = Field("python", description="The language of the program.")
     match: OutputMatch = Field(default_factory=OutputMatch, description="How outputs and call results are compared.")
     public_tests: int = Field(
-        0, ge=0, description="The first this many tests are shown: the statement's examples, which feedback may quote "
-        "(a contest's public cases). The rest are held: they alone decide the reward and every evaluation, and "
-        "nothing of them reaches a prompt. At least one test is held.")
+        0, ge=0, description="The first this many tests are shown: the statement's examples (a contest's public cases, "
+        "MBPP's quoted assert, EvalPlus's base inputs), which feedback may quote. The rest are held: no prompt or "
+        "feedback quotes them. Every test, shown and held, counts in the verdict, the reward and every evaluation, "
+        "as the benchmarks' own graders count them.")
     time_limit_s: float | None = Field(None, gt=0, description="The problem's time limit per case, if it has one.")
     memory_mb: int | None = Field(None, gt=0, description="The problem's memory limit, if it has one.")
     level: str | None = Field(
@@ -56,9 +57,8 @@ class Task(BaseModel):
 
     @model_validator(mode="after")
     def _tests_fit(self) -> "Task":
-        if self.public_tests >= len(self.tests):
-            raise ValueError(f"public_tests is {self.public_tests} but the task has {len(self.tests)} tests: at least "
-                             "one test must be held (the tests after the shown ones decide the reward)")
+        if self.public_tests > len(self.tests):
+            raise ValueError(f"public_tests is {self.public_tests} but the task has {len(self.tests)} tests")
         # the sandbox's own rules: a task that passes here cannot make a request the sandbox refuses
         check_tests_fit(self.tests, self.language, self.request_entry_point, self.test_setup)
         return self
@@ -75,7 +75,7 @@ class Task(BaseModel):
 
     @property
     def held(self) -> list[Test]:
-        """The tests that decide the reward and the evaluation, which no prompt quotes."""
+        """The tests no prompt or feedback quotes (they count in the verdict as the shown ones do)."""
         return self.tests[self.public_tests:]
 
     def examples(self) -> "Task | None":
@@ -106,9 +106,9 @@ class Task(BaseModel):
         return limits.model_copy(update=overrides) if overrides else limits
 
     def execution_request(self, program: str, limits: Limits, coverage: bool = False) -> ExecutionRequest:
-        """The sandbox request that runs `program` against this task's held tests (`coverage`:
-        recording the program's lines that run, where the sandbox measures them)."""
-        return ExecutionRequest(program=program, tests=self.held, test_setup=self.test_setup,
+        """The sandbox request that runs `program` against all this task's tests, shown and held, in
+        order (`coverage`: recording the program's lines that run, where the sandbox measures them)."""
+        return ExecutionRequest(program=program, tests=self.tests, test_setup=self.test_setup,
                                 entry_point=self.request_entry_point, language=self.language, match=self.match,
                                 limits=self.run_limits(limits), coverage=coverage and self.measures_coverage)
 

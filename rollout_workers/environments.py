@@ -7,13 +7,13 @@ continues the trajectory; one without ends it, and its reward is the trajectory'
 reward RLOO compares among a task's k trajectories). `final` marks the turns after which no other
 fits (the turn or token limits): the environment ends those, scoring what they hold as the answer.
 
-- `Refine`: every attempt is scored by the task's held tests; a failed one is followed by the
+- `Refine`: every attempt is scored by all the task's tests; a failed one is followed by the
   feedback of a run on its shown tests (Task.public_tests: a contest's public examples), or, when
   it passes them or the task shows none, by how the held tests ended, never what they are. With
   a `choose` (refinement's budget per round), only the failed attempts it keeps go on.
 - `Interpreter`: a turn that ends at the run marker asks to run its code; the sandbox runs it
   with the task's limits and no tests, and its stdout, stderr and exit status are the observation,
-  up to `max_tool_calls`; any other turn is the answer, scored by the task's held tests.
+  up to `max_tool_calls`; any other turn is the answer, scored by all the task's tests.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ The rules are the ones APPS, CodeContests and LiveCodeBench grade by, made expli
 (`OutputMatch` in results.py):
 
 - tokens (default): the outputs split at ASCII whitespace (space, tab, newline, CR, VT, FF, as
-  the contests' checkers split; not at Unicode spaces such as U+3000) give the same number of
+  the contests' checkers split; not at Unicode spaces such as U+3000, nor at the separators
+  U+001C-U+001F and U+0085, where Python's str.split also splits) give the same number of
   tokens, and each pair is equal as text, or both are integers of equal value, or (with a
   tolerance) the expected one is a decimal or exponent number and the two are within
   tolerance * max(1, |expected|). An integer is never matched by tolerance: 1000001 is not
@@ -22,7 +23,7 @@ import math
 import re
 
 SPACE = " \t\n\r\v\f"
-SPACES = re.compile(f"[{SPACE}]+")
+TOKEN = re.compile(f"[^{SPACE}]+")
 INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
@@ -38,9 +39,7 @@ def outputs_match(got: str, expected: str, mode: str = "tokens", tolerance=1e-6)
 
 
 def _tokens(text: str) -> list[str]:
-    if text.isascii():  # its only whitespace is ASCII: str.split's own, at C speed
-        return text.split()
-    return [token for token in SPACES.split(text) if token]
+    return TOKEN.findall(text)
 
 
 def _lines(text: str) -> list[str]:

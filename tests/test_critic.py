@@ -15,7 +15,7 @@ from coderloo.evaluation import pass_rate_of_pick, vote_scores
 from learner.config import CriticConfig
 from learner.critic import OUTCOMES, PASSED, CriticStep, OnlineCritic, accuracy, auc, group_auc, heldout_task, ranking_loss
 from reward_service.schemas import Components, ItemReward
-from sandbox_pool import ExecutionRequest, PoolSettings, SandboxPool, Status
+from sandbox_pool import Limits, PoolSettings, SandboxPool, Status
 
 
 def scored(status: Status) -> ItemReward:
@@ -135,7 +135,7 @@ def labelled_programs(tasks):
 
     pool = SandboxPool(PoolSettings(initial_executors=2))
     try:
-        results = pool.run([ExecutionRequest(program=t.program(c), tests=t.held) for t, cs in zip(tasks, completions) for c in cs])
+        results = pool.run([t.execution_request(t.program(c), Limits()) for t, cs in zip(tasks, completions) for c in cs])
     finally:
         pool.shutdown()
     return completions, [r.status for r in results]

@@ -129,8 +129,8 @@ def test_evalplus_tasks(evalplus_sets, shared_data):
     assert first.reference.startswith(first.prompt)
     # the expected outputs are in the tester's setup, never in the program
     assert "_evalplus['load']('humaneval'" in first.test_setup and first.test_setup not in first.program("pass")
-    # Mbpp/793: plus_input is {} in v0.2.0: its base inputs only
-    assert len(mbpp["mbpp+/793"].tests) == 3 and mbpp["mbpp+/793"].public_tests == 0
+    # Mbpp/793: plus_input is {} in v0.2.0: its base inputs only, all shown
+    assert len(mbpp["mbpp+/793"].tests) == 3 and mbpp["mbpp+/793"].public_tests == 3
     # the base variant: the base inputs only
     base = {t.id: t for t in load_evalplus(shared_data / HUMANEVAL_PLUS, plus=False)}
     assert len(base["humaneval+base/0"].tests) == 7 and base["humaneval+base/0"].public_tests == 0
@@ -190,7 +190,7 @@ def test_mbpp_three_shot_prompt(shared_data):
 def _failing_references(pool, tasks: list[Task], limits) -> dict[str, str]:
     from sandbox_pool import Status
 
-    # the held tests, then the shown ones
+    # all the tests, then the shown ones alone (what refinement's feedback runs)
     runs = [(t, t) for t in tasks] + [(t, t.examples()) for t in tasks if t.public_tests]
     results = pool.run([judged.execution_request(t.reference, limits) for t, judged in runs])
     return {

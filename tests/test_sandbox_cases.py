@@ -160,6 +160,11 @@ def test_output_match_rules(sandbox):
     assert run(sandbox, spaced, [IOTest(stdout="1  2 \n\n")], match=OutputMatch(mode="exact")).status is Status.passed
     # as the contests' checkers: tokens split at ASCII whitespace only; a bool result is not a number
     assert run(sandbox, "print('1\u30002')\n", [IOTest(stdout="1 2")]).status is Status.failed
+    # nor at the separators Python's str.split splits at, in an ASCII output or not
+    for separator in ["\x1c", "\x1d", "\x1e", "\x1f", "\x85"]:
+        for printed in [f"1{separator}2", f"1{separator}2 \u00e9"]:
+            case = [IOTest(stdout="1 2" + printed[3:])]
+            assert run(sandbox, f"print({printed!r})\n", case).status is Status.failed, (separator, printed)
     assert run(sandbox, "print('1\t2')\n", [IOTest(stdout="1 2")]).status is Status.passed
     for program, language in [("def f():\n    return True\n", "python"), ("function f() { return true; }\n", "javascript")]:
         assert run(sandbox, program, [CallTest(args=[], accepted=[1])], language=language, entry_point="f").status is Status.failed
@@ -264,6 +269,8 @@ def test_requests_are_checked():
     # the contests' checkers split at ASCII whitespace only, and read ASCII digits only
     ("1\u30002", "1 2", "tokens", 1e-6, False),
     ("1\u00a02", "1 2", "tokens", 1e-6, False),
+    *[(f"1{c}2", "1 2", "tokens", 1e-6, False) for c in "\x1c\x1d\x1e\x1f\x85"],
+    *[(f"1{c}2 \u00e9", "1 2 \u00e9", "tokens", 1e-6, False) for c in "\x1c\x1d\x1e\x1f\x85"],
     ("1\t2\r\n", "1 2", "tokens", 1e-6, True),
     ("\uff11\uff12", "12", "tokens", 1e-6, False),  # fullwidth digits: int() reads them as 12
     ("1_000", "1000", "tokens", 1e-6, False),

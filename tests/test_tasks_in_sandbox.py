@@ -1,7 +1,7 @@
 """Loaded tasks run in the real sandbox: every competitive-programming fixture task's right program
 passes and its wrong one fails with the failing case named, on both backends; every synthetic
-reference passes its shown and its held tests, and a program that echoes its input fails; the held
-tests alone decide. (The loaders' own tests,
+reference passes its shown and its held tests, and a program that echoes its input fails; shown and
+held tests both decide, as the benchmarks' graders count them. (The loaders' own tests,
 tests/test_tasksets_competitive.py and tests/test_synthetic_stdio.py, check the data without
 running it.)"""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_right_programs_pass_and_wrong_ones_fail_naming_the_case(sandbox):
     wrong = run([t.execution_request(PROGRAMS[t.id]["wrong"], LIMITS) for t in FIXTURE_TASKS])
     for task, passed, failed in zip(FIXTURE_TASKS, right, wrong):
         assert passed.status is Status.passed, (task.id, passed.detail, passed.stderr[-300:])
-        assert passed.num_tests == len(task.held)  # the held cases alone decide
+        assert passed.num_tests == len(task.tests)  # shown and held cases all decide
         assert failed.status is not Status.passed and failed.status is not Status.infra_error, (task.id, failed.detail)
         first = next(i for i, t in enumerate(failed.tests) if not t.passed)
         named = "1 of 1 tests failed" if task.test_kind == "assert" else f"case {first}: "
@@ -59,17 +59,59 @@ def test_synthetic_references_pass_their_shown_and_held_tests_and_an_echo_fails(
     finally:
         server.close()
     for task, result, examples in zip(tasks, held, shown):
-        assert result.status is Status.passed and result.num_tests == len(task.held), (task.id, result.detail)
+        assert result.status is Status.passed and result.num_tests == len(task.tests), (task.id, result.detail)
         assert examples.status is Status.passed and examples.num_tests == task.public_tests > 0, (task.id, examples.detail)
     assert not any(result.status is Status.passed for result in echoes)
 
 
-def test_the_held_tests_alone_decide(sandbox):
-    """A program right on the held inputs and wrong on the shown ones passes; the reverse fails."""
+def test_shown_and_held_tests_both_decide(sandbox):
+    """A program wrong on the shown inputs alone fails, as one wrong on the held inputs alone does;
+    one right on both passes."""
     _, run = sandbox
     task = synthetic_suite()["train"][0]  # solve(x) = x + 1, shown inputs 17 and -5
     shown_args = [int(t.split("solve(", 1)[1].split(")", 1)[0]) for t in task.shown]
     right_on_held = task.prompt + f"    return 0 if x in {shown_args} else x + 1\n"
     right_on_shown = task.prompt + f"    return x + 1 if x in {shown_args} else 0\n"
-    held, shown = run([task.execution_request(right_on_held, LIMITS), task.execution_request(right_on_shown, LIMITS)])
-    assert held.status is Status.passed and shown.status is Status.failed, (held.detail, shown.detail)
+    held, shown, right = run([task.execution_request(p, LIMITS) for p in (right_on_held, right_on_shown, task.reference)])
+    assert held.status is Status.failed and shown.status is Status.failed, (held.detail, shown.detail)
+    assert [t.passed for t in held.tests[:len(task.shown)]] == [False] * len(task.shown), held.tests
+    assert right.status is Status.passed and right.num_tests == len(task.tests), right.detail
+
+
+# Six wrong MBPP solutions, each one small edit of the reference (task id, text, its replacement),
+# that fail MBPP's first assert and pass its other two: the assert the prompt shows is the one
+# that catches them, so a verdict without it would call them right ("2 of 2 tests passed").
+MBPP_MUTANTS = [
+    (48, "count += 1", "count += 0"),
+    (58, "< 0)", "< -1)"),
+    (68, "all(A[i] >= A[i + 1]", "all(A[i] >= A[i - 1]"),
+    (92, "n[i - 2]", "n[i - 3]"),
+    (94, "itemgetter(1)", "itemgetter(0)"),
+    (98, "total/len(numbers)", "total//len(numbers)"),
+]
+
+
+def test_a_wrong_mbpp_solution_that_only_the_shown_assert_catches_fails(shared_data):
+    """Counted as MBPP's grader counts it: all three asserts, the shown one first."""
+    from coderloo.tasksets.benchmarks import load_mbpp
+
+    tasks = {t.id: t for t in load_mbpp(shared_data / "mbpp.jsonl")}
+    wrong = []
+    for number, text, replacement in MBPP_MUTANTS:
+        task = tasks[f"mbpp/{number}"]
+        assert task.reference.count(text) == 1 and task.public_tests == 1 and len(task.tests) == 3, number
+        wrong.append((task, task.reference.replace(text, replacement)))
+    server = ForkServer()
+
+    async def run(requests):
+        return await asyncio.gather(*(server.execute(r) for r in requests))
+
+    try:
+        results = asyncio.run(run([t.execution_request(p, LIMITS) for t, p in wrong]))
+        right = asyncio.run(run([t.execution_request(t.reference, LIMITS) for t, _ in wrong]))
+    finally:
+        server.close()
+    for (task, program), result, reference in zip(wrong, results, right):
+        assert reference.status is Status.passed, (task.id, reference.detail)
+        assert result.status is Status.failed and result.num_tests == 3, (task.id, result.status, result.detail)
+        assert [t.passed for t in result.tests] == [False, True, True], (task.id, program, result.tests)

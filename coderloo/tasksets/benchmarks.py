@@ -28,8 +28,9 @@ from coderloo.tasksets.competitive import (
 from reward_service.tasks import Record, Task, TaskFileError, build_tasks, jsonl_records, load_jsonl
 
 # The MBPP paper's prompt (Austin et al. 2021), without its few-shot [BEGIN]/[DONE] wrapping, quoting
-# a task's first test only (as EvalPlus's MBPP+ prompt does): that test is shown, the others are
-# held and decide the reward. The paper quoted all three, which a model can answer instead of the task.
+# a task's first test only (as EvalPlus's MBPP+ prompt does): that test is shown, the others held
+# (never quoted); all of them decide the verdict, as MBPP's grader runs them. The paper quoted all
+# three, which a model can answer instead of the task.
 MBPP_PROMPT = (
     "You are an expert Python programmer, and here is your task: {text} "
     "Your code should pass these tests:\n\n{tests}\n"
@@ -96,8 +97,8 @@ def _lf(text: str) -> str:
 def _mbpp_task(record: Record, id_prefix: str, source: str, text: str, test_setup: str) -> Task:
     reference = _lf(record["code"])
     tests = record["test_list"]
-    if len(tests) < 2:
-        raise ValueError(f"test_list has {len(tests)} tests: MBPP's prompt shows its first and holds the others")
+    if not tests:
+        raise ValueError("test_list is empty")
     return Task(
         id=f"{id_prefix}/{record['task_id']}",
         prompt=mbpp_prompt(text, tests[:1]),

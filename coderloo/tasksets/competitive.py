@@ -22,8 +22,9 @@ Tests are stdin/stdout cases, or call cases where the record names a function (A
 `fn_name`, LiveCodeBench `functional` cases): the entry point is that function, or that method
 of the program's `class Solution`. Public cases come first (CodeContests public_tests,
 LiveCodeBench public_test_cases) and are the task's shown tests: feedback may quote them, the
-statement does; the private and generated cases are held and decide the reward. APPS and TACO
-do not tell them apart, so every case is held (public_tests 0).
+statement does; the private and generated cases are held (never quoted). All of them decide the
+verdict, as the contests' judges run the examples with the rest. APPS and TACO do not tell them
+apart, so every case is held (public_tests 0).
 APPS and TACO pass a call case when the result equals the expected value or, when that is a
 non-empty list, its first item (their graders do; most expected values are wrapped in a list).
 
@@ -35,9 +36,8 @@ Task ids: apps/<split>/<problem_id> (APPS numbers each split from 0), codecontes
 taco/<split>/<row> (TACO's own task_id is the row in its split), livecodebench/<question_id>.
 
 Left out, since no reward can be computed for them: records without a single test case (APPS
-and TACO records whose input_output is ""), CodeContests and LiveCodeBench problems with no
-case but their statement's examples (nothing held), and CodeContests problems that read a named
-file (input_file, output_file) instead of stdin.
+and TACO records whose input_output is ""), and CodeContests problems that read a named file
+(input_file, output_file) instead of stdin.
 
 Not reproduced: APPS's and TACO's graders turn the string keys of a dict argument back into
 integers; a CallTest's arguments are JSON values, whose object keys are strings.
@@ -359,8 +359,8 @@ def _codecontests_task(record: Record, split: str, row: int) -> Task | None:
     public = _cases(record, "public_tests")
     tests = public + _cases(record, "private_tests") + _cases(record, "generated_tests")
     reference, time_limit_s, memory = _first_python3(record), _time_limit_s(record), record["memory_limit_bytes"]
-    if len(tests) == len(public) or record.get("input_file") or record.get("output_file"):
-        return None  # no case but the statement's examples (none held), or file input and output
+    if not tests or record.get("input_file") or record.get("output_file"):
+        return None
     return Task(
         id=f"codecontests/{record['name']}", prompt=competition_prompt(record["description"], "", None), tests=tests,
         reference=reference, difficulty=CODECONTESTS_DIFFICULTY.get(level, 5), source="codecontests",
@@ -435,14 +435,12 @@ def livecodebench_test(case: dict, field: str, index: int) -> Test:
     return CallTest(args=args, accepted=[expected])
 
 
-def _livecodebench_task(record: Record, split: str, row: int) -> Task | None:
+def _livecodebench_task(record: Record, split: str, row: int) -> Task:
     level = level_of(record, "difficulty", LIVECODEBENCH_LEVELS)
     public = livecodebench_cases(record["public_test_cases"], "public_test_cases")
     cases = [("public_test_cases", public), ("private_test_cases",
                                              livecodebench_cases(record["private_test_cases"], "private_test_cases"))]
     tests = [livecodebench_test(case, field, i) for field, part in cases for i, case in enumerate(part)]
-    if len(tests) == len(public):
-        return None  # no case but the statement's examples: none held
     metadata = parse_json(record["metadata"], "metadata")
     entry_point = None
     if any(isinstance(t, CallTest) for t in tests):

@@ -224,8 +224,8 @@ def load_evalplus(
 ) -> list[Task]:
     """HumanEvalPlus-*.jsonl.gz or MbppPlus-*.jsonl.gz as Tasks (ids humaneval+/N, mbpp+/N; with
     plus=False, the base inputs only: humaneval+base/N, mbpp+base/N). With plus inputs, the base
-    inputs are the shown tests and the plus inputs the held ones, which alone decide the reward;
-    without, every base input is held. `plus_limit` keeps an evenly spread subset of each task's
+    inputs are the shown tests (feedback may quote them) and the plus inputs the held ones; both
+    decide the verdict, as EvalPlus's plus score does. Without, every base input is held. `plus_limit` keeps an evenly spread subset of each task's
     plus inputs (for quick checks)."""
     from coderloo.runtime import USER_CACHE
 
@@ -264,7 +264,7 @@ def load_evalplus(
             prompt_is_code=True,
             test_setup=setup,
             split="test",
-            public_tests=num_base if len(cases) > num_base else 0,  # the base inputs shown, the plus ones held
+            public_tests=num_base if plus else 0,  # the base inputs shown, the plus ones held
         )
 
     return build_tasks(path, records, {}, make_task)

@@ -48,8 +48,8 @@ def _two(a_range: range, b_range: Callable[[int], range]) -> Callable[[], Iterab
 NONEMPTY_LISTS = [xs for xs in LISTS if len(xs) >= 6]
 
 # Each task's shown tests: two inputs of its kind that no family's held tests use, which feedback
-# may quote (Task.public_tests). Its held tests are the family's inputs above, which alone decide
-# the reward and the evaluation.
+# may quote (Task.public_tests). Its held tests are the family's inputs above, which no feedback
+# quotes; both decide the reward and the evaluation.
 SHOWN = {int: [17, -5], list: [[6, -1, 10, 2, 9, 3, 12], [7, 1, 18, 4, -3, 11]], str: ["ab", "shown text"],
          tuple: [(2, 9), (-4, 3)]}
 
