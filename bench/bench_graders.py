@@ -15,10 +15,10 @@ The graders, run as their benchmarks run them:
   `lcb_runner`'s `check_correctness` (timeout 6, as its runner) on the fixture tasks
   (tests/fixtures/competitive), their right and wrong programs and mutants of the right one.
 coderloo's verdict is the process sandbox's on `Task.execution_request` with the limits of the
-documented `coderloo eval` command (30 s of wall-clock time, 20 s of CPU time: one run holds all of
-a task's inputs, up to 1,000 for HumanEval+), as `coderloo eval` scores. The column "held only" is the verdict the tasks' held tests alone gave
-(the rule before issue 61), on the same programs. Both graders are installed beside the venv by
-`make install` (.cache/peers/graders), as verl is.
+documented `coderloo eval` command (30 s of wall-clock time, 20 s of CPU time: one run holds all
+of a task's inputs, up to 1,000 for HumanEval+). The column "held only" is the verdict of the
+tasks' held tests alone (the rule before issue 61) on the same programs. Both graders are
+installed beside the venv by `make install` (.cache/peers/graders), as verl is.
 """
 from __future__ import annotations
 
