@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Callable
 
 from bench.mutants import mutants
+from coderloo.config import EvalConfig
 from coderloo.runtime import REPO_ROOT
 from reward_service.tasks import Task
 from sandbox_pool import ForkServer, Limits, Status
 
-DATA = REPO_ROOT.parent / "shared" / "data"
+DATA = (REPO_ROOT / EvalConfig().data_dir).resolve()  # where `coderloo eval` reads them
 PEERS = REPO_ROOT / ".cache" / "peers" / "graders"
 FILES = {"humaneval": "HumanEval.jsonl.gz", "humaneval+": "HumanEvalPlus-v0.1.10.jsonl.gz",
          "mbpp+": "MbppPlus-v0.2.0.jsonl.gz", "mbpp": "mbpp.jsonl"}

@@ -225,8 +225,8 @@ def load_evalplus(
     """HumanEvalPlus-*.jsonl.gz or MbppPlus-*.jsonl.gz as Tasks (ids humaneval+/N, mbpp+/N; with
     plus=False, the base inputs only: humaneval+base/N, mbpp+base/N). With plus inputs, the base
     inputs are the shown tests (feedback may quote them) and the plus inputs the held ones; both
-    decide the verdict, as EvalPlus's plus score does. Without, every base input is held. `plus_limit` keeps an evenly spread subset of each task's
-    plus inputs (for quick checks)."""
+    decide the verdict, as EvalPlus's plus score does. Without, every base input is held.
+    `plus_limit` keeps an evenly spread subset of each task's plus inputs (for quick checks)."""
     from coderloo.runtime import USER_CACHE
 
     path = Path(path)
