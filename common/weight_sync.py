@@ -17,12 +17,13 @@ Three transports, one protocol:
 
 The sender (learner rank 0) hosts a TCPStore; every engine joins as rank 1..N and says there which
 transport it takes (`open_group`). A push sends the buckets of a `BucketPlan` in order, each one
-flat buffer of one dtype, then a trailer: the checksum of every bucket (`bit_sum`: exact) and the
-float64 sums of a few probe parameters. Shared-memory receivers read each bucket's checksum from
-the store once it is written, and the probes after the last. Each receiver checks the checksums
-of what it got, and the probe parameters read back from its engine after loading, before it
-takes on the new version (`verify`). Every wait has a timeout: a peer that died or never joined
-raises an error that says so, rather than hanging the run.
+flat buffer of one dtype, then a trailer: the checksum of every bucket (`bit_sum`: exact).
+Shared-memory receivers read each bucket's checksum from the store once it is written. Each
+receiver checks the checksums of what it got (so it holds exactly what was sent), sums a few
+probe parameters of it as its engine's dtype rounds them (a float32 learner's values in a bf16
+engine), and compares those with the same parameters read back from its engine after loading,
+before it takes on the new version (`verify`). Every wait has a timeout: a peer that died or
+never joined raises an error that says so, rather than hanging the run.
 
 A push is of one form (`BucketPlan.form`): "weights", the whole model as the engine serves it;
 "adapter", only a LoRA adapter's tensors under PEFT's names with its adapter_config, which the
@@ -157,16 +158,27 @@ def float64_sum(tensor: torch.Tensor) -> float:
     buffer and summed there (several times faster on a CPU for a 0.5B model's embedding; a new
     buffer per chunk costs its page faults in a process whose allocator maps large blocks afresh
     each time, as the learner's did)."""
+    return _float64_sums(tensor, None, magnitude=False)[0]
+
+
+def float64_sums(tensor: torch.Tensor, rounded_to: torch.dtype | None = None) -> tuple[float, float]:
+    """The float64 sum of `tensor` and of its magnitudes (the scale of the sum's rounding error),
+    its values rounded to `rounded_to` first when given (what an engine of that dtype holds)."""
+    return _float64_sums(tensor, rounded_to, magnitude=True)
+
+
+def _float64_sums(tensor: torch.Tensor, rounded_to: torch.dtype | None, magnitude: bool) -> tuple[float, float]:
     flat = tensor.detach().reshape(-1)
-    if flat.dtype == torch.float64:
-        return float(flat.sum())
     buffer = torch.empty(min(FLOAT64_CHUNK, flat.numel()), dtype=torch.float64, device=flat.device)
     total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    magnitudes = torch.zeros((), dtype=torch.float64, device=flat.device)
     for chunk in flat.split(FLOAT64_CHUNK):
         part = buffer[: chunk.numel()]
-        part.copy_(chunk)
+        part.copy_(chunk if rounded_to in (None, chunk.dtype) else chunk.to(rounded_to))
         total += part.sum()
-    return float(total)
+        if magnitude:  # only the receiver's expected sums need it (the engine's probe reads the sum alone)
+            magnitudes += part.abs().sum()
+    return float(total), float(magnitudes)
 
 
 def bit_sum(buf: torch.Tensor) -> int:
@@ -378,12 +390,8 @@ def send(group: WeightGroup, plan: BucketPlan, named: Mapping[str, torch.Tensor]
                 group.store.set(f"{push}/bucket/{i}", str(sums[-1]))
             if group.broadcast is not None:
                 _broadcast(group.broadcast, buf)
-        probes = probe_sums(named, plan.probes)
-        probe_list = [probes[p] for p in plan.probes]
-        if segment is not None:
-            group.store.set(f"{push}/probes", json.dumps(probe_list))
         if group.broadcast is not None:
-            _broadcast(group.broadcast, _trailer(sums, probe_list, device))
+            _broadcast(group.broadcast, torch.tensor(sums, dtype=torch.int64, device=device))
         sent_s = time.perf_counter() - start
         for r in shm_ranks:  # the file stays until each has loaded it (an engine that fails says so at once)
             said = group.wait_get(f"{push}/done/{r}", f"word from weight-sync rank {r} that it loaded push {push} from shared memory")
@@ -398,11 +406,6 @@ def send(group: WeightGroup, plan: BucketPlan, named: Mapping[str, torch.Tensor]
             _unlink(made)  # every engine has it mapped (or failed): the memory lives on in the mappings
     # sent_s: until every byte and checksum was written or broadcast; the rest, waiting for shm engines to load
     return {"bytes": plan.nbytes, "sent_s": sent_s, "loaded_s": time.perf_counter() - start}
-
-
-def _trailer(sums: list[int], probes: list[float], device) -> torch.Tensor:
-    """The broadcast trailer, one int64 tensor: the buckets' checksums, then the probes' float64 bits."""
-    return torch.cat([torch.tensor(sums, dtype=torch.int64), torch.tensor(probes, dtype=torch.float64).view(torch.int64)]).to(device)
 
 
 class WeightSource:
@@ -462,14 +465,17 @@ class Receiver:
     from the broadcast, or views of the push's shared-memory file (shm: no copy).
 
     After the loader has consumed them, `finish(read_probes)` takes the trailer and raises
-    WeightSyncError if any bucket or probe parameter differs from what the sender had. An
+    WeightSyncError if any bucket differs from what the sender had, or any probe parameter read
+    back from the engine from what it got, rounded to `dtype` (the engine's). An
     shm receiver must `close()` (after `finish`, or on failure: then the sender hears of it at
     once): it drops its mapping of the file, tells the sender, and the last one removes the file.
     """
 
-    def __init__(self, group: WeightGroup, plan: BucketPlan, device: torch.device | str):
-        self.group, self.plan, self.device = group, plan, device
+    def __init__(self, group: WeightGroup, plan: BucketPlan, device: torch.device | str, dtype: torch.dtype):
+        self.group, self.plan, self.device, self.dtype = group, plan, device, dtype
         self.sums: list[int] = []
+        # what the engine should hold: per probe, [sum, sum of magnitudes, elements] of what arrived, rounded to dtype
+        self.probes: dict[str, list[float]] = {}
         self.shm = group.transport == "shm"
         self.push = group.pushes
         group.pushes += 1
@@ -479,9 +485,17 @@ class Receiver:
         """Over shm, every bucket has arrived and its checksum is checked when this returns (the
         call, not the iteration), so a bad push is refused before the loader changes anything;
         a broadcast is checked as it is loaded (the trailer, in `finish`)."""
-        if self.shm:
-            return iter(self._mapped())
-        return self._broadcast_tensors()
+        return self._noting_probes(self._mapped() if self.shm else self._broadcast_tensors())
+
+    def _noting_probes(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        adapter = ADAPTER_PROBE in self.plan.probes
+        for name, tensor in named:
+            probe = ADAPTER_PROBE if adapter and is_lora_a(name) else name
+            if probe in self.plan.probes:
+                noted = self.probes.setdefault(probe, [0.0, 0.0, 0])
+                for i, value in enumerate((*float64_sums(tensor, rounded_to=self.dtype), tensor.numel())):
+                    noted[i] += value
+            yield name, tensor
 
     def _mapped(self) -> list[tuple[str, torch.Tensor]]:
         offsets, size = segment_layout(self.plan)
@@ -518,14 +532,11 @@ class Receiver:
         n = len(self.plan.buckets)
         if self.shm:
             sent = [int(self.group.store.get(f"{self.push}/bucket/{i}")) for i in range(n)]
-            probes = json.loads(self.group.wait_get(f"{self.push}/probes", f"the probes of push {self.push}"))
-            expected = sent + probes
         else:
-            trailer = torch.empty(n + len(self.plan.probes), dtype=torch.int64, device=self.device)
+            trailer = torch.empty(n, dtype=torch.int64, device=self.device)
             _broadcast(self.group.broadcast, trailer)
-            trailer = trailer.cpu()
-            expected = trailer[:n].tolist() + trailer[n:].view(torch.float64).tolist()
-        verify(self.plan, self.sums, expected, read_probes(list(self.plan.probes)))
+            sent = trailer.cpu().tolist()
+        verify(self.plan, self.sums, sent, self.probes, read_probes(list(self.plan.probes)))
 
     def close(self, error: BaseException | None = None) -> None:
         """Shared memory only (else nothing to do): tell the sender this push is loaded (or why
@@ -555,19 +566,21 @@ class Receiver:
         self.close(error)
 
 
-def verify(plan: BucketPlan, received: list, trailer: list, held: dict[str, float]) -> None:
-    """Compare the received bucket checksums (exactly) and the engine's probe parameters (float64
-    sums, to a relative 1e-6: the engine's sum runs in its own order) with the sender's."""
-
-    def close(a: float, b: float) -> bool:
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-
-    n = len(plan.buckets)
-    for i, (got, sent) in enumerate(zip(received, trailer[:n])):
-        if got != sent:
+def verify(plan: BucketPlan, received: list[int], sent: list[int], expected: dict[str, list[float]],
+           held: dict[str, float]) -> None:
+    """Compare the received bucket checksums with the sent ones (exactly), and the probe sums of
+    what the engine holds after loading with those of what it was given, rounded to its dtype
+    (`expected`: sum, sum of magnitudes, elements). Both are float64 sums of the same n values,
+    each in its own order: each is within (n - 1) * 2**-53 * (sum of magnitudes) of the exact sum."""
+    for i, (got, was) in enumerate(zip(received, sent)):
+        if got != was:
             first = plan.buckets[i][0].name
-            raise WeightSyncError(f"bucket {i} (from {first}) arrived with sum {got}, sent with sum {sent}")
-    for name, sent in zip(plan.probes, trailer[n:]):
+            raise WeightSyncError(f"bucket {i} (from {first}) arrived with sum {got}, sent with sum {was}")
+    for name in plan.probes:
         got = held.get(name)
-        if got is None or not close(got, sent):
-            raise WeightSyncError(f"after loading, {name} in the engine sums to {got}, sent {sent}")
+        if name not in expected:
+            raise WeightSyncError(f"the engine's loader never took {name} from the push")
+        should, magnitude, n = expected[name]
+        if got is None or abs(got - should) > 2 * n * 2.0**-53 * magnitude:
+            raise WeightSyncError(f"after loading, {name} in the engine sums to {got}; what it was sent, rounded to "
+                                  f"its dtype, sums to {should}")

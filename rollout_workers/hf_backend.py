@@ -68,7 +68,7 @@ class TransformersBackend:
 
     def receive_weights(self, plan: BucketPlan, version: int | None = None) -> None:
         """Load a push (never during generation: this backend takes no in-flight updates)."""
-        receiver = Receiver(self.group, plan, "cpu")
+        receiver = Receiver(self.group, plan, "cpu", self.model.dtype)
         if plan.adapter is not None:
             self._load_adapter(plan.adapter, {name: t.clone() for name, t in receiver.tensors()})
             receiver.finish(self.probe)

@@ -211,14 +211,14 @@ class WeightSyncExtension:
         # The model's own loader (in-place reload) maps checkpoint names, ties lm_head to the
         # embedding and repacks weights for the CPU kernels; it consumes buckets as they arrive
         # (over shm: views of the learner's file, copied once, into the engine's parameters).
-        with Receiver(self.coderloo_group, plan, self.device) as receiver:
+        with Receiver(self.coderloo_group, plan, self.device, self.model_config.dtype) as receiver:
             self.reload_weights(weights_iterator=receiver.tensors())
             receiver.finish(self.coderloo_probe)
 
     def coderloo_receive_adapter(self, plan: BucketPlan, request, previous_id: int | None) -> None:
         from safetensors.torch import save_file
 
-        with Receiver(self.coderloo_group, plan, "cpu") as receiver:
+        with Receiver(self.coderloo_group, plan, "cpu", self.model_config.dtype) as receiver:
             tensors = {name: t.clone() for name, t in receiver.tensors()}
             directory = Path(request.lora_path)
             try:

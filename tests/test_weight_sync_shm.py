@@ -54,10 +54,11 @@ class ModelSource(WeightSource):
 @ray.remote
 class VLLMEngine:
     """A vLLM engine behind the rollout worker's weight methods, which can also show what it
-    holds: its parameters and its process's mappings of weight-sync files."""
+    holds (its parameters and its process's mappings of weight-sync files) and be told to load a
+    push without some of its tensors."""
 
-    def __init__(self, path: str):
-        self.backend = VLLMBackend(path)
+    def __init__(self, path: str, dtype: str = "float32"):
+        self.backend = VLLMBackend(path, dtype=dtype)
         self.version = 0
 
     def join_weight_group(self, transport, host, port, rank, world_size, timeout_s):
@@ -76,6 +77,16 @@ class VLLMEngine:
             return {n: p.detach().clone() for n, p in worker.model_runner.model.named_parameters()}
 
         return self.backend.llm.collective_rpc(read)[0]
+
+    def drop_from_loads(self, names: list[str]) -> None:
+        """The engine's loader skips `names` from now on (it keeps its old values of them)."""
+        def drop(wrapper):
+            worker = getattr(wrapper, "worker", wrapper)  # vLLM hands a wrapper of the worker to an rpc
+            load = worker.reload_weights
+            worker.reload_weights = lambda weights_iterator, **kw: load(
+                weights_iterator=((n, t) for n, t in weights_iterator if n not in names), **kw)
+
+        self.backend.llm.collective_rpc(drop)
 
     def segment_mappings(self) -> list[str]:
         with open("/proc/self/maps") as maps:
