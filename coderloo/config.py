@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from coderloo.curriculum import CurriculumConfig
 from coderloo.models import TinyModelSpec
-from coderloo.runtime import REPO_ROOT
+from coderloo.runtime import resolve
 from coderloo.tasksets.competitive import ColumnMapping
 from common.config import Section, with_default_variants
 from common.cpus import CpuSet
@@ -29,7 +29,10 @@ from sandbox_pool import PoolSettings
 class ModelConfig(Section):
     path: str = Field(
         default=".cache/tiny-qwen2",
-        description="Directory of a Hugging Face causal LM (relative paths are from the repository root).",
+        description="Directory of a Hugging Face causal LM (relative paths are from the repository root, ~ is "
+        "the home directory). A real model needs settings the tiny model's defaults do not give (learner.lr 1e-6, "
+        "not 2e-4, which destroys it in a few steps; its chat template): start from configs/real-0.5b.yaml or "
+        "configs/real-135m.yaml (docs: real-models.md; `coderloo model fetch NAME` brings the weights).",
     )
     build_tiny: bool = Field(
         default=True,
@@ -279,8 +282,7 @@ class Config(Section):
         """Per-token rewards need the service to decode the policy's token ids with the policy's
         tokenizer; an absolute path, as the service's replicas need not share our directory."""
         if self.learner.dense_rewards and self.reward.tokenizer_path is None:
-            path = Path(self.model.path)
-            self.reward.tokenizer_path = str(path if path.is_absolute() else REPO_ROOT / path)
+            self.reward.tokenizer_path = str(resolve(self.model.path))
         return self
 
     @model_validator(mode="after")

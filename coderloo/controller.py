@@ -34,7 +34,7 @@ from coderloo.ops.resources import ResourceSampler
 from coderloo.pool import GroupPool
 from coderloo.report import write_report
 from coderloo.rundir import claim
-from coderloo.runtime import REPO_ROOT
+from coderloo.runtime import resolve
 from coderloo.stream import GroupStream
 from coderloo.tasksets.loading import load_tasks
 from coderloo.tasksets.synthetic import corpus_for_tokenizer
@@ -55,16 +55,13 @@ from rollout_workers.strategies import turn_metrics
 from rollout_workers.types import last_answer
 
 
-def resolve(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
 def prepare_model(config: Config) -> Path:
     path = resolve(config.model.path)
     if not (path / "config.json").exists():
         if not config.model.build_tiny:
-            raise FileNotFoundError(f"model.path: no model at {path} (and model.build_tiny is false)")
+            raise FileNotFoundError(f"model.path: no model at {path} (and model.build_tiny is false); a catalogue model "
+                                    f"comes with `coderloo model fetch NAME` (`coderloo model list`), a GGUF file with "
+                                    f"`coderloo model import FILE --out DIR`")
         with working(f"building the tiny model at {path} (once)"):
             build_tiny_model(path, corpus_for_tokenizer(config.tasks.synthetic_kinds), config.model.tiny)
     return path

@@ -14,7 +14,7 @@ from learner.critic import OnlineCritic
 from reward_service.tasks import Task
 from rollout_workers import GenerationParams
 from rollout_workers.strategies import RolloutStrategy
-from rollout_workers.types import last_answer
+from rollout_workers.types import Trajectory, last_answer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -60,7 +60,7 @@ def pass_rate_by(tasks: list[Task], passed: np.ndarray, key: Callable[[Task], ob
 def evaluate(
     strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
     seed: int | None = None, critic: OnlineCritic | None = None, label: str = "eval", single: RolloutStrategy | None = None,
-    random_choice: RolloutStrategy | None = None,
+    random_choice: RolloutStrategy | None = None, greedy_out: list[Trajectory] | None = None,
 ) -> dict[str, float | dict[str, float]]:
     """Held-out metrics of the trajectories `strategy` makes for `tasks`, judged by their outcomes:
     pass@k from `config.samples_per_task` samples each (with `config.sampled`), greedy pass@1
@@ -75,6 +75,7 @@ def evaluate(
     With a `critic`, pass@1 of its pick among each task's first `select_n` samples
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
     vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote).
+    With `greedy_out`, the greedy trajectories are appended to it, one per task.
 
     And the pass rate by difficulty level (by_difficulty), by task family (by_family) and by kind
     of test (by_kind: assert, stdio, call) of the sampled evaluation's samples, or of the greedy
@@ -89,7 +90,10 @@ def evaluate(
         breakdown = _sampled(metrics, strategy, tasks, config, max_new_tokens, stop, seed, critic, label, single, random_choice)
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-        greedy = _passed(strategy, tasks, params, None, f"{label}: greedy")
+        groups = _groups(strategy, tasks, params, None, f"{label}: greedy")
+        greedy = np.array([[t.outcome.passed for t in group] for group in groups])
+        if greedy_out is not None:
+            greedy_out += [group[0] for group in groups]
         metrics["greedy_pass@1"] = float(greedy.mean())
         breakdown = greedy if breakdown is None else breakdown
         if single is not None:
@@ -123,9 +127,12 @@ def _sampled(metrics: dict, strategy: RolloutStrategy, tasks: list[Task], config
 
 def _passed(strategy: RolloutStrategy, tasks: list[Task], params: GenerationParams, seed: int | None, desc: str) -> np.ndarray:
     """Whether each of the trajectories `strategy` makes passed, a row per task (a progress bar named `desc`)."""
+    return np.array([[t.outcome.passed for t in group] for group in _groups(strategy, tasks, params, seed, desc)])
+
+
+def _groups(strategy: RolloutStrategy, tasks: list[Task], params: GenerationParams, seed: int | None, desc: str) -> list[list[Trajectory]]:
     with tqdm(total=len(tasks), desc=desc, unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
-        rollouts = strategy.run(tasks, params, seed, bar.update)
-    return np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
+        return strategy.run(tasks, params, seed, bar.update).groups
 
 
 def _critic_picks(critic: OnlineCritic, groups: list, passed: np.ndarray) -> dict[str, float]:

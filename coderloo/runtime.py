@@ -5,6 +5,13 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def resolve(path: str | Path) -> Path:
+    """A path of the config or the command line: ~ is the home directory, a relative path is from
+    the repository root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p
 # What is derived from shared inputs and costs minutes to compute, kept for every checkout of the user.
 USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "coderloo"
 

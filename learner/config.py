@@ -310,7 +310,8 @@ class LearnerConfig(Section):
         description="Custom Ray resources each rank asks for, to place it on a node type that offers them "
         "(cluster.yaml's learner nodes offer `learner_gpu`).",
     )
-    lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate of the RL phase.")
+    lr: float = Field(default=2e-4, gt=0, description="AdamW learning rate of the RL phase. The default suits the tiny "
+                      "random model; a pretrained model wants about 1e-6 (configs/real-0.5b.yaml).")
     warmup_steps: int = Field(
         default=0, ge=0, description="RL steps over which the learning rate rises linearly to lr (step s at "
         "lr x s / warmup_steps; 0: lr from the first step). An optimizer that starts at the RL phase (a LoRA "

@@ -202,6 +202,8 @@ def test_dense_rewards_give_the_reward_service_the_policy_tokenizer():
     assert load_config("configs/default.yaml").reward.tokenizer_path is None  # no per-token rewards: no cost
     cfg = load_config("configs/default.yaml", ["learner.advantage.dense={}"])
     assert cfg.reward.tokenizer_path == str(REPO_ROOT / ".cache/tiny-qwen2")  # absolute: the replicas' cwd may differ
+    cfg = load_config("configs/real-135m.yaml", ["learner.advantage.dense={}"])  # a fetched model: under ~
+    assert cfg.reward.tokenizer_path == str(Path.home() / ".cache/coderloo/models/smollm2-135m-instruct")
     cfg = load_config(None, ["learner.advantage.dense={}", "model.path=/models/m", "reward.tokenizer_path=/tok"])
     assert cfg.reward.tokenizer_path == "/tok"
     with pytest.raises(ConfigError, match="learner.advantage.rloo.dense.gamma"):

@@ -157,10 +157,11 @@ def test_short_training_run(ray_cluster, tiny_model, tmp_path):
     assert max(v for labels, v in seen["ray_coderloo_sandbox_executors"] if labels["state"] == "ready") >= 1
 
 
-def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
+def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys, tmp_path):
     from coderloo.cli import main
 
-    args = ["eval", "--model", str(tiny_model), "tasks.max_eval_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]"]
+    args = ["eval", "--model", str(tiny_model), "tasks.max_eval_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
+            "--samples", str(tmp_path / "samples.jsonl")]
     assert main(args) == 0
     out = capsys.readouterr().out  # Ray may print worker logs around the report
     start = out.index('{\n  "model"')
@@ -168,6 +169,14 @@ def test_eval_command_reports_pass_at_k(ray_cluster, tiny_model, capsys):
     assert report["tasks"] == 4 and report["model"] == str(tiny_model)
     assert {"pass@1", "pass@2", "greedy_pass@1"} <= set(report)
     assert report["pass@1"] == 0.0  # an untrained model passes nothing
+    # the greedy completions, each with the program that ran (the task's code prompt, then the completion's code) and its verdict
+    from coderloo.tasksets.synthetic import synthetic_suite
+
+    prompts = {t.id: t.prompt for t in synthetic_suite()["heldout"]}
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and {s["set"] for s in samples} == {"synthetic"}
+    assert all(s["solution"].startswith(prompts[s["task_id"]]) for s in samples)
+    assert sum(s["passed"] for s in samples) / 4 == report["greedy_pass@1"]
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["pipeline", "partial-rollouts"])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coderloo.ops.cluster_files import placement_problems, validate_cluster_file
-from coderloo.runtime import ENV_DEFAULTS, REPO_ROOT
+from coderloo.runtime import ENV_DEFAULTS, resolve
 from sandbox_pool.pool import RESOURCE as SANDBOX_RESOURCE
 
 GiB, MiB = 2**30, 2**20
@@ -89,9 +89,13 @@ class Architecture:
         return (3 * dtype_bytes + 4) * self.hidden + 2 * dtype_bytes * self.head_dim + 8 + 4 + 16
 
 
-# Qwen2.5-Coder's published config.json values, for a model.path that is not on this machine.
+# Qwen2.5-Coder's published config.json values, and those of the catalogue's models as `coderloo model
+# fetch` writes them (the 0.5B's quantised output layer comes out untied), for a model.path that is not
+# on this machine.
 PUBLISHED = {
     "qwen2.5-coder-0.5b": Architecture(151936, 896, 4864, 24, 14, 2, tied=True),
+    "qwen2.5-coder-0.5b-instruct": Architecture(151936, 896, 4864, 24, 14, 2, tied=False),
+    "smollm2-135m-instruct": Architecture(49152, 576, 1536, 30, 9, 3, tied=True, max_positions=8192),
     "qwen2.5-coder-1.5b": Architecture(151936, 1536, 8960, 28, 12, 2, tied=True),
     "qwen2.5-coder-7b": Architecture(152064, 3584, 18944, 28, 28, 4, tied=False),
 }
@@ -132,7 +136,7 @@ INSTANCE_TYPES = {
 
 def architecture(model) -> tuple[Architecture, str]:
     """The shape of `model` (coderloo.config.ModelConfig) and where it was read from."""
-    path = Path(model.path) if Path(model.path).is_absolute() else REPO_ROOT / model.path
+    path = resolve(model.path)
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
         try:
