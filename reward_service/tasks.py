@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
 
@@ -49,6 +50,10 @@ class Task(BaseModel):
         "as the benchmarks' own graders count them.")
     time_limit_s: float | None = Field(None, gt=0, description="The problem's time limit per case, if it has one.")
     memory_mb: int | None = Field(None, gt=0, description="The problem's memory limit, if it has one.")
+    run_time_s: float | None = Field(
+        None, gt=0, description="The time its benchmark's grader allows the whole run, if it sets one (EvalPlus: each "
+        "input group min(60 s, the sum of its inputs' limits) + 2 s): the run's wall-clock and CPU limits are raised to "
+        "it, up to the limits' max_wall_s.")
     level: str | None = Field(
         None, min_length=1, description="The source's own difficulty name (APPS 'interview', LiveCodeBench 'hard', "
         "CodeContests 'A'), which evaluation reports pass@k by.")
@@ -97,10 +102,15 @@ class Task(BaseModel):
         return self.prompt + code if self.prompt_is_code else code
 
     def run_limits(self, limits: Limits) -> Limits:
-        """`limits` with this task's own time limit (per case) and memory limit (never below `limits`')."""
+        """`limits` with this task's own time limits (per case, and the whole run's) and memory limit,
+        never below `limits`'."""
         overrides = {}
         if self.time_limit_s is not None:
             overrides["case_timeout_s"] = self.time_limit_s
+        if self.run_time_s is not None:
+            run = min(limits.max_wall_s, self.run_time_s)
+            overrides["wall_timeout_s"] = max(limits.wall_timeout_s, run)
+            overrides["cpu_time_s"] = max(limits.cpu_time_s, math.ceil(run))
         if self.memory_mb is not None:
             overrides["memory_mb"] = max(limits.memory_mb, self.memory_mb)
         return limits.model_copy(update=overrides) if overrides else limits

@@ -18,6 +18,9 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 # What a Python program sees as its command line (sys.argv, /proc/self/cmdline): its own name, the
 # one its tracebacks give, and nothing of the sandbox's processes it was forked from.
 PROGRAM_NAME = "<program>"
+# The tester's function a test setup may call a program's function with, to give the call a time
+# limit of its own (EvalPlus's per input): CALL_WITHIN(seconds, fn, *args) (runner.Link.call_within).
+CALL_WITHIN = "_sandbox_call_within"
 PROGRAM_COMMAND = ["python3", PROGRAM_NAME]
 MAX_FRAME_BYTES = 64 * 2**20  # the most `read_frame` takes: a call's arguments or result, encoded
 

@@ -45,7 +45,7 @@ import time
 import traceback
 
 from matching import values_match
-from protocol import read_frame, send_frame, split_frame
+from protocol import CALL_WITHIN, read_frame, send_frame, split_frame
 
 ERROR_CHARS = 500  # the most characters of an error text in a record: a test's error, a load or setup detail
 MAX_DEPTH = 100  # nesting of a plain value
@@ -406,7 +406,8 @@ class Remote:
 
 
 class CallTimedOut(ProgramGone):
-    """A call case's call did not answer within the case time limit."""
+    """A call case's call did not answer within the case time limit (or a test's, CALL_WITHIN)."""
+
 
 
 # Tests' outcomes are sent in a batch, at the end or as soon as the program takes this long to
@@ -424,6 +425,17 @@ class Link:
 
     def ended(self, outcome: dict) -> None:
         self.unsent.append(outcome)
+
+    def call_within(self, seconds: float, fn, *args):
+        """`fn(*args)`, a call into the program whose answer is due within `seconds` (a test's own
+        time limit, as EvalPlus gives each input): later, CallTimedOut, and the link is done."""
+        self.deadline = time.monotonic() + seconds
+        try:
+            return fn(*args)
+        except CallTimedOut:
+            raise CallTimedOut(f"no answer within the test's time limit of {seconds:.2f} s") from None
+        finally:
+            self.deadline = None
 
     def send_unsent(self) -> None:
         if self.unsent and self.send is not None:
@@ -522,8 +534,9 @@ def _run_tests(request: dict, link: "Link") -> dict:
             compiled.append(code)
         except (SyntaxError, ValueError) as e:
             compiled.append(e)
-    # a builtin stays the tester's, except the name under test (module docstring)
-    wanted = {name for name in wanted if not hasattr(builtins, name) or name == request.get("entry_point")}
+    # a builtin stays the tester's, except the name under test (module docstring); CALL_WITHIN is the tester's
+    wanted = {name for name in wanted if (not hasattr(builtins, name) or name == request.get("entry_point"))
+              and name != CALL_WITHIN}
     try:
         send_frame(link.channel, {"names": sorted(wanted)})
         hello = read_frame(link.channel)
@@ -551,16 +564,21 @@ def _run_tests(request: dict, link: "Link") -> dict:
         # A call that overstayed its limit leaves the link unusable, by the tester's choice: not lost.
         return {"load": {"status": "ok", "detail": ""}, "lost": link.gone and not timed_out}
     setup, tests = compiled[0], compiled[1:]
+    namespace[CALL_WITHIN] = link.call_within
     error = execute(setup, namespace)
     if error is not None:
         detail = ("the test setup raised " + describe(error))[:ERROR_CHARS]
         status = "lost" if link.gone else "runtime_error"
         return {"load": {"status": status, "detail": detail}, "lost": link.gone}
+    timed_out = False
     for test in tests:
         error = execute(test, namespace)
+        late = isinstance(error, CallTimedOut)
+        timed_out |= late
         ended({"passed": error is None, "error": None if error is None else describe(error),
-               "memory": isinstance(error, MemoryError)})
-    return {"load": {"status": "ok", "detail": ""}, "lost": link.gone}
+               "memory": isinstance(error, MemoryError), **({"timeout": True} if late else {})})
+    # a call that overstayed its test's limit leaves the link unusable, by the tester's choice: not lost
+    return {"load": {"status": "ok", "detail": ""}, "lost": link.gone and not timed_out}
 
 
 def read_record(record: bytes) -> dict | None:

@@ -18,7 +18,7 @@ import pytest
 
 from coderloo.tasksets import evalplus_oracle as oracle
 from coderloo.runtime import USER_CACHE
-from coderloo.tasksets.evalplus import CODE_DIGEST, file_sha256, left_out, load_evalplus
+from coderloo.tasksets.evalplus import CODE_DIGEST, file_sha256, left_out, load_evalplus, time_limit
 from coderloo.tasksets.evalsets import EVAL_SETS, load_eval_set
 from reward_service.tasks import Task, TaskFileError
 
@@ -34,7 +34,8 @@ def _oracle(dataset, entry_point, cases, atol=0, num_base=None):
     namespace = {"__name__": "evalplus_oracle"}
     exec(Path(oracle.__file__).read_text(), namespace)
     encoded = [[oracle.encode(args), oracle.encode(out)] for args, out in cases]
-    namespace["load"](dataset, entry_point, atol, len(cases) if num_base is None else num_base, json.dumps(encoded))
+    namespace["load"](dataset, entry_point, atol, len(cases) if num_base is None else num_base, json.dumps(encoded),
+                      [1.0] * len(cases), lambda seconds, fn, *args: fn(*args))  # the tester's limit: in the sandbox
     return namespace["check"]
 
 
@@ -63,6 +64,11 @@ def test_exact_match_and_float_tolerance():
         check(lambda x: (1.0, 2.0), 1)
     with pytest.raises(AssertionError):
         check(lambda x: [1.0, 2.0, 3.0], 1)
+
+
+def test_evalplus_time_limit_of_an_input():
+    # max(1 s, 4 x the canonical solution's time on it)
+    assert [time_limit(t) for t in (0.0, 0.25, 0.5)] == [1.0, 1.0, 2.0]
 
 
 def test_record_atol_and_sticky_float_atol():
@@ -134,6 +140,14 @@ def test_evalplus_tasks(evalplus_sets, shared_data):
     # the base variant: the base inputs only
     base = {t.id: t for t in load_evalplus(shared_data / HUMANEVAL_PLUS, plus=False)}
     assert len(base["humaneval+base/0"].tests) == 7 and base["humaneval+base/0"].public_tests == 0
+    # EvalPlus's allowance for the run: each input group min(60 s, its inputs' limits, 1 s each here) + 2 s,
+    # which raises a lower limit of the evaluation's
+    plus_inputs = len(first.tests) - 7
+    assert (base["humaneval+base/0"].run_time_s, first.run_time_s) == (7 + 2, 7 + 2 + min(60, plus_inputs) + 2)
+    from sandbox_pool import Limits
+
+    assert first.run_limits(Limits(wall_timeout_s=5, cpu_time_s=5)).model_dump(include={"wall_timeout_s", "cpu_time_s"}) \
+        == {"wall_timeout_s": first.run_time_s, "cpu_time_s": first.run_time_s}
     # inputs whose expected outputs are too large to cross the sandbox's channel (over 4 MiB)
     assert left_out(shared_data / MBPP_PLUS) == {"Mbpp/255": [85, 86, 90, 96, 100]}
     assert {k: len(v) for k, v in left_out(shared_data / HUMANEVAL_PLUS).items()} == {
@@ -228,10 +242,15 @@ def test_a_wrong_solution_fails_its_evalplus_tests(sandbox, evalplus_sets):
     task = next(t for t in evalplus_sets["mbpp+"] if t.id == "mbpp+/2")
     wrong = task.prompt + "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n"
     fake = task.prompt + "class Yes:\n    def __eq__(self, other):\n        return True\ndef similar_elements(a, b):\n    return Yes()\n"
-    results = sandbox.run([task.execution_request(p, Limits()) for p in (wrong, fake)])
-    assert [r.status for r in results] == [Status.failed, Status.failed]
+    # EvalPlus's time limit of an input, max(1 s, 4 x the canonical time): 1 s on each of these
+    slow = task.prompt + "import time\ndef similar_elements(a, b):\n    time.sleep(1.5)\n    return tuple(set(a) & set(b))\n"
+    results = sandbox.run([task.execution_request(p, Limits()) for p in (wrong, fake, slow)])
+    assert [r.status for r in results] == [Status.failed, Status.failed, Status.timeout]
     assert 0 < results[0].fraction_passed < 1  # the inputs with one empty list still pass
     assert results[1].num_passed == 0
+    # the tester stops waiting at the first input's limit; the program, still in that call, answers no more
+    assert "CallTimedOut: no answer within the test's time limit of 1.00 s" in results[2].tests[0].error
+    assert results[2].num_passed == 0 and "no longer running" in results[2].tests[1].error
 
 
 def test_mbpp_plus_120_assertions_need_math(sandbox, shared_data):

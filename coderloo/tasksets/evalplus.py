@@ -9,7 +9,10 @@ oracles), whose source and the task's inputs and expected outputs are the task's
 they run in the tester, never in the program's process.
 
 A task passes when every base and plus input passes, as EvalPlus's "plus" score (base tests
-and extra tests). `plus=False` keeps the base inputs only (EvalPlus's "base" score).
+and extra tests). `plus=False` keeps the base inputs only (EvalPlus's "base" score). EvalPlus's
+time limits hold too: each input within max(1 s, 4 x the canonical solution's time on it, as
+measured here when the expected outputs are computed), and the run allowed what EvalPlus allows
+each input group (`Task.run_time_s`), whatever lower limits the evaluation sets.
 
 Two oddities of the MBPP+ v0.2.0 data:
 - Mbpp/120: its `assertion` field calls math.isclose without importing math. EvalPlus (and this
@@ -37,6 +40,7 @@ from typing import Any
 from coderloo.tasksets import evalplus_oracle
 from coderloo.tasksets.benchmarks import difficulty
 from reward_service.tasks import Record, Task, TaskFileError, build_tasks, jsonl_records
+from sandbox_pool.protocol import CALL_WITHIN
 
 ORACLE_SOURCE = Path(evalplus_oracle.__file__).read_text(encoding="utf-8")
 ORACLE_PATH = Path(evalplus_oracle.__file__)
@@ -45,6 +49,10 @@ ORACLE_PATH = Path(evalplus_oracle.__file__)
 # change to either computes them again.
 CODE_DIGEST = hashlib.sha256((ORACLE_SOURCE + Path(__file__).read_text(encoding="utf-8")).encode()).hexdigest()[:16]
 EXPECTED_TIMEOUT_S = 1800.0  # computing all expected outputs of one file, per subprocess
+# EvalPlus's time limits (evalplus 0.3.1: config.py's DEFAULT_MIN_TIME_LIMIT and
+# DEFAULT_GT_TIME_LIMIT_FACTOR; eval/__init__.py's untrusted_check gives an input group's process
+# min(EVALPLUS_TIMEOUT_PER_TASK = 60, the sum of its inputs' limits) + 1 s, and joins it 1 s more).
+MIN_TIME_LIMIT_S, TIME_LIMIT_FACTOR, TIMEOUT_PER_GROUP_S, GROUP_MARGIN_S = 1.0, 4.0, 60.0, 2.0
 
 
 def file_sha256(path: Path) -> str:
@@ -197,6 +205,11 @@ def expected_outputs(path: Path, records: list[tuple[str, Record]], cache_dir: P
     return out
 
 
+def time_limit(canonical_s: float) -> float:
+    """EvalPlus's time limit of one input: max(1 s, 4 x the canonical solution's time on it)."""
+    return max(MIN_TIME_LIMIT_S, TIME_LIMIT_FACTOR * canonical_s)
+
+
 def too_large(output) -> bool:
     return isinstance(output, dict) and "too_large" in output
 
@@ -241,17 +254,20 @@ def load_evalplus(
         if len(cases) < len(record["base_input"]):
             raise ValueError(f"{record['task_id']}: a base input's expected output is over {evalplus_oracle.MAX_OUTPUT_BYTES} bytes")
         num_base = len(cases)
+        groups = [[time_limit(t) for t in outputs["base_time"]]]
         if plus:
             keep = [i for i in subset(len(record["plus_input"]), plus_limit) if not too_large(outputs["plus"][i])]
             cases += [[evalplus_oracle.encode(record["plus_input"][i]), outputs["plus"][i]] for i in keep]
+            groups.append([time_limit(outputs["plus_time"][i]) for i in keep])
         if not cases:
             raise ValueError(f"{record['task_id']} has no inputs")
+        time_limits = [limit for group in groups for limit in group]
         entry_point = record["entry_point"]
         setup = (
             '_evalplus = {"__name__": "evalplus_oracle"}\n'
             f"exec({ORACLE_SOURCE!r}, _evalplus)\n"
             f"_evalplus['load']({dataset!r}, {entry_point!r}, {record['atol']!r}, {num_base}, "
-            f"{json.dumps(cases)!r})\n"
+            f"{json.dumps(cases)!r}, {time_limits!r}, {CALL_WITHIN})\n"
         )
         return Task(
             id=f"{name}/{_number(record['task_id'])}",
@@ -265,6 +281,7 @@ def load_evalplus(
             test_setup=setup,
             split="test",
             public_tests=num_base if plus else 0,  # the base inputs shown, the plus ones held
+            run_time_s=sum(min(TIMEOUT_PER_GROUP_S, sum(group)) + GROUP_MARGIN_S for group in groups if group),
         )
 
     return build_tasks(path, records, {}, make_task)

@@ -25,8 +25,11 @@ The rules are EvalPlus's (evalplus/eval/__init__.py `unsafe_execute`, _special_o
   - with a non-zero atol and no exact match: same type, same length for lists/tuples, and
     numpy.allclose(out, exp, rtol=1e-7, atol) (here in pure Python: element by element;
     numpy would also broadcast length-1 inner dimensions, which this does not).
-Not reproduced: EvalPlus's per-input time limit (max(1 s, 4 x the canonical time)); the
-sandbox's wall-clock and CPU limits bound the whole run instead.
+  - an input passes only within its time limit, max(1 s, 4 x the canonical solution's time on it)
+    (EvalPlus's DEFAULT_MIN_TIME_LIMIT and DEFAULT_GT_TIME_LIMIT_FACTOR), wall-clock as EvalPlus's
+    alarm: the tester waits that long for the call's answer, then the input and the rest fail, as
+    EvalPlus's fast check stops at the first (evalplus.py gives the run EvalPlus's whole-run
+    allowance, Task.run_time_s).
 """
 import json
 import math
@@ -141,10 +144,12 @@ def allclose(out, exp, atol, rtol=1e-7):
 _task = {}
 
 
-def load(dataset, entry_point, atol, num_base, data):
-    """The task: `data` is the JSON text of [[args, expected], ...], base inputs first."""
+def load(dataset, entry_point, atol, num_base, data, time_limits, call_within):
+    """The task: `data` is the JSON text of [[args, expected], ...], base inputs first,
+    `time_limits` each input's, in seconds, and `call_within(seconds, fn, *args)` the tester's
+    call with a time limit (sandbox_pool.runner.Link.call_within)."""
     _task.update(dataset=dataset, entry_point=entry_point, atol=atol, num_base=num_base,
-                 cases=decode(json.loads(data)), group_atol=atol)
+                 cases=decode(json.loads(data)), time_limits=time_limits, call_within=call_within, group_atol=atol)
 
 
 def _mbpp_match(entry_point, inp, out, exp):
@@ -172,7 +177,7 @@ def check(fn, i):
     inp, exp = _task["cases"][i]
     if i == 0 or i == _task["num_base"]:  # EvalPlus checks base and plus inputs in two separate loops
         _task["group_atol"] = _task["atol"]
-    out = fn(*inp)
+    out = _task["call_within"](_task["time_limits"][i], fn, *inp)
     entry_point, dataset = _task["entry_point"], _task["dataset"]
     exact_match = _mbpp_match(entry_point, inp, out, exp) if dataset == "mbpp" else out == exp
     if dataset == "humaneval" and entry_point == "find_zero":
