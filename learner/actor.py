@@ -239,7 +239,7 @@ class Learner(WeightSource):
         """The value model's estimates [B, T-1] (with gradient when it trains)."""
         device = self.engine.device
         if self.shared_value:
-            return hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))[1].float().cpu()
+            return hidden_and_values(self.engine, self.engine.module, self._inputs(self.engine.module, batch))[1].float().cpu()
         return self._value_model()(**batch.model_inputs(device)).float().cpu()
 
     def _load_reference(self, path: str | Path):
@@ -275,6 +275,12 @@ class Learner(WeightSource):
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
 
+    def _inputs(self, causal_lm, batch: PackedBatch) -> dict:
+        """`batch`'s inputs for `causal_lm`, under sdpa attention with its mask additive in the model's
+        dtype (PackedBatch.model_inputs: one copy of it for all layers, not one per layer)."""
+        sdpa = causal_lm.config._attn_implementation == "sdpa"
+        return batch.model_inputs(self.engine.device, causal_lm.get_input_embeddings().weight.dtype if sdpa else None)
+
     def _logprobs(self, model, batch: PackedBatch, temperature: float = 1.0, entropy: bool = False, hidden=None):
         """Next-token logprobs at the sampler's temperature at the completion tokens (0 elsewhere),
         `learner.logit_chunk_tokens` tokens at a time (learner/logits.py); with `entropy`, also the
@@ -283,7 +289,7 @@ class Learner(WeightSource):
         device = self.engine.device
         causal_lm = self.engine.module if model is self.engine else model
         if hidden is None:
-            hidden = final_hidden_states(model, causal_lm, batch.model_inputs(device))
+            hidden = final_hidden_states(model, causal_lm, self._inputs(causal_lm, batch))
         out = chunked_logprobs(hidden, causal_lm.get_output_embeddings(), batch.input_ids, batch.completion_positions.to(device),
                                temperature, self.config.logit_chunk_tokens, entropy)
         if not entropy:
@@ -415,8 +421,7 @@ class Learner(WeightSource):
                 reference_logprobs = self._reference_logprobs(batch, step.temperature)
         hidden = values = None
         if step.train_value and self.shared_value:  # one pass: the policy's hidden states and the head's values
-            device = self.engine.device
-            hidden, values = hidden_and_values(self.engine, self.engine.module, batch.model_inputs(device))
+            hidden, values = hidden_and_values(self.engine, self.engine.module, self._inputs(self.engine.module, batch))
         if step_start_logprobs is not None:
             logprobs = self._logprobs(self.engine, batch, step.temperature, hidden=hidden)
         else:

@@ -161,13 +161,22 @@ class PackedBatch:
     computed_tokens: int  # the trees' columns: the tokens the model computes, padding aside
     attention_mask: torch.Tensor | None = None  # [R, 1, W, W] bool with shared prefixes: who sees whom
 
-    def model_inputs(self, device=None) -> dict:
+    def model_inputs(self, device=None, mask_dtype: torch.dtype | None = None) -> dict:
         """The model's keyword arguments: no KV cache (transformers keeps packed sequences apart only
         without one), and no attention mask but the trees' (a padding mask would let the sequences
-        of a row see each other)."""
+        of a row see each other). With `mask_dtype` (the model's, for sdpa attention), the mask a
+        row needs, the trees' or the one transformers makes from packed rows' position ids, comes
+        as one additive mask of that dtype: given a boolean one, torch's attention converts it to
+        float in every layer and keeps each copy for the backward (W x W per row and layer)."""
         inputs = {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device), "use_cache": False}
-        if self.attention_mask is not None:
-            inputs["attention_mask"] = self.attention_mask.to(device)
+        mask = self.attention_mask
+        if mask_dtype is not None:
+            if mask is None:
+                mask = packed_mask(self.position_ids)
+            if mask is not None:
+                mask = torch.zeros(mask.shape, dtype=mask_dtype, device=device).masked_fill_(~mask.to(device), float("-inf"))
+        if mask is not None:
+            inputs["attention_mask"] = mask.to(device)
         return inputs
 
     @property
@@ -178,6 +187,18 @@ class PackedBatch:
         """Per sequence (those packed, in their order), the values of `values` [R, W-1] at its completion tokens."""
         return [values[row, start:start + len(s.completion_ids)].tolist()
                 for (row, start), s in zip(self.placements, sequences, strict=True)]
+
+
+def packed_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """[R, 1, W, W] bool, who sees whom in rows of sequences packed end to end, by transformers' rule
+    (masking_utils.find_packed_sequence_indices: a sequence starts where the position ids do not
+    rise by 1) and causal; None when every row is one sequence (no mask needed)."""
+    runs = (torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1) != 1).cumsum(-1)
+    if (runs[:, -1] == 0).all():
+        return None
+    width = position_ids.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril_()
+    return ((runs[:, :, None] == runs[:, None, :]) & causal)[:, None]
 
 
 def pack(sequences: list[TrainSequence], pad_id: int, packed: bool = True, row_tokens: int = 0,

@@ -196,18 +196,54 @@ def test_packed_rows_give_each_sequence_the_logprobs_it_has_alone(tiny_model):
     seqs = [TrainSequence(torch.randint(100, (p,), generator=generator).tolist(), torch.randint(100, (c,), generator=generator).tolist())
             for p, c in [(6, 30), (4, 10), (8, 12), (3, 5), (5, 9)]]
     out = {}
-    for layout, packed, row_tokens in (("packed", True, 0), ("one row", True, 200), ("padded", False, 0)):
+    for layout, packed, row_tokens, mask_dtype in (("packed", True, 0, None), ("one row", True, 200, None),
+                                                   ("one row, additive mask", True, 200, torch.float32), ("padded", False, 0, None)):
         b = pack(seqs, pad_id=0, packed=packed, row_tokens=row_tokens)
         with torch.no_grad():
-            hidden = final_hidden_states(model, model, b.model_inputs())
+            hidden = final_hidden_states(model, model, b.model_inputs(mask_dtype=mask_dtype))
             logprobs = chunked_logprobs(hidden, model.get_output_embeddings(), b.input_ids, b.completion_positions, 1.0, 64)
         out[layout] = (b, b.completion_rows(seqs, logprobs))
     assert out["packed"][0].input_ids.shape[0] < len(seqs) and out["packed"][0].padding_share < out["padded"][0].padding_share
     assert out["one row"][0].input_ids.shape[0] == 1
     bound = logprob_bound(model, 200)  # other rows, other shapes: the same sums rounded otherwise
-    for layout in ("packed", "one row"):
+    for layout in ("packed", "one row", "one row, additive mask"):
         for packed_row, padded_row in zip(out[layout][1], out["padded"][1]):
             assert torch.tensor(packed_row) == pytest.approx(torch.tensor(padded_row), abs=bound)
+
+
+def test_an_additive_mask_is_kept_once_for_all_layers_not_once_per_layer(tiny_model):
+    """Rows of packed sequences need a mask; a boolean one (transformers' own, from the position
+    ids) is converted to float by torch's attention in each layer, each copy kept for the backward.
+    The additive mask (learner.actor's under sdpa) is one tensor that every layer keeps a view of."""
+    from common.hf import load_causal_lm
+    from learner.batch import packed_mask
+    from learner.logits import final_hidden_states
+
+    def kept_bytes(inputs: dict) -> int:  # what autograd keeps, each storage once, the parameters' aside
+        parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept = {}
+
+        def pack_hook(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in parameters:
+                kept[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda tensor: tensor):
+            final_hidden_states(model, model, inputs)
+        return sum(kept.values())
+
+    model = load_causal_lm(tiny_model)
+    assert model.config._attn_implementation == "sdpa" and model.config.num_hidden_layers >= 2
+    seqs = [TrainSequence(list(range(1, 40)), list(range(40, 120))) for _ in range(4)]
+    b = pack(seqs, pad_id=0, packed=True, row_tokens=480)
+    width = b.input_ids.shape[1]
+    assert b.input_ids.shape[0] == 1 and packed_mask(b.position_ids).shape == (1, 1, width, width)
+    assert packed_mask(pack(seqs[:1], pad_id=0).position_ids) is None  # one sequence a row: no mask
+    kept = {kind: kept_bytes(b.model_inputs(mask_dtype=kind)) for kind in (None, torch.float32)}
+    mask_bytes = width * width * 4
+    layers = model.config.num_hidden_layers
+    assert kept[None] - kept[torch.float32] >= (layers - 1) * mask_bytes
 
 
 def test_pack_places_token_advantages_and_the_policy_mask_on_their_tokens():

@@ -278,13 +278,17 @@ def _activations(learner, arch: Architecture, b: int) -> tuple[dict[str, float],
     else:
         kept, kept_note = arch.layers * per_layer, f"{arch.layers} layers x {per_layer:,} B"
     per_token = kept + arch.activation_bytes_per_token_outside_layers(b)
-    parts = {"activations": tokens * per_token,
+    # rows of several sequences (or trees) need a mask, W x W per row of width W: at most one row of the
+    # whole budget, as booleans and as the additive mask all layers keep (PackedBatch.model_inputs)
+    mask = tokens * tokens * (1 + b) if learner.pack_sequences or learner.share_prefixes else 0
+    parts = {"activations": tokens * per_token + mask,
              # the head on a chunk at a time: its logits, the fp32 log-softmax and its gradient
              "logits": min(learner.logit_chunk_tokens, tokens) * arch.vocab * 4 * 3}
     note = (f"activations {per_token / 1024:.1f} KiB per token "
             f"({kept_note} + {arch.activation_bytes_per_token_outside_layers(b):,} B"
             f"{'; learner.gradient_checkpointing' if learner.gradient_checkpointing else ''}) x learner.max_tokens_per_micro_batch={tokens}; "
-            f"logits: min(learner.logit_chunk_tokens={learner.logit_chunk_tokens}, {tokens}) x {arch.vocab:,} x 4 B x 3")
+            f"logits: min(learner.logit_chunk_tokens={learner.logit_chunk_tokens}, {tokens}) x {arch.vocab:,} x 4 B x 3"
+            + (f"; and the attention mask, {tokens}^2 x (1 + {b}) B" if mask else ""))
     return parts, note
 
 
