@@ -4,6 +4,7 @@ how long it takes, on the tiny model and on Qwen2.5-Coder-0.5B's shape (randomly
     python -m bench.bench_lora
     python -m bench.bench_lora sweep  # every LoRA variant of SWEEP in RL (about 4 min each)
     python -m bench.bench_lora sft    # why configs/lora.yaml starts the adapter after SFT (below)
+    python -m bench.bench_lora real   # the pushes on real weights (the catalogue's 0.5B) into a bf16 engine
 
 For each model, two DeepSpeed learners (ZeRO-0, float32) in turn: full fine-tuning, and a LoRA
 adapter (rank 16, alpha 32, on every attention and MLP projection). Each takes one SFT step (AdamW
@@ -53,10 +54,10 @@ MODELS = {
 }
 
 
-def measure(model: str, lora: LoraSettings | None) -> dict:
+def measure(model: str, lora: LoraSettings | None, engine_dtype: str | None = None) -> dict:
     learner = LearnerGroup(model, LearnerConfig(lora=lora, threads=2), sft_lr=1e-4)
-    worker = RolloutWorker.remote(model, "vllm", threads=2, engine={"max_model_len": 512},
-                                  lora_rank=lora.rank if lora else None)
+    engine = {"max_model_len": 512, **({"dtype": engine_dtype} if engine_dtype else {})}
+    worker = RolloutWorker.remote(model, "vllm", threads=2, engine=engine, lora_rank=lora.rank if lora else None)
     group = RolloutGroup([worker], WeightSyncConfig(bucket_mb=32, timeout_s=600))
     try:
         learner.sft_step(sft_examples(synthetic_suite()["train"][:4], load_tokenizer(model)))
@@ -98,6 +99,22 @@ def sft_loss(model_dir: str, lora: LoraSettings | None, lr: float, steps: int = 
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
     return loss.item()
+
+
+def real_main() -> None:
+    """The same pushes on real weights (the catalogue's Qwen2.5-Coder-0.5B-Instruct, fetched): a
+    float32 learner into a bf16 vLLM engine, the whole model and a LoRA adapter, each verified."""
+    from coderloo.model_import import fetch
+
+    init_ray(num_cpus=4)
+    model = str(fetch("qwen2.5-coder-0.5b-instruct"))
+    print(f"real weights ({model}): DeepSpeed ZeRO-0 float32 learner -> vLLM bf16, gloo, median of {REPEATS}")
+    print("| mode | parameters | trainable | optimizer state | bytes per push | push time |")
+    print("|---|---|---|---|---|---|")
+    for mode in ("full", "lora"):
+        r = measure(model, LORA if mode == "lora" else None, engine_dtype="bfloat16")
+        print(f"| {mode} | {r['parameters'] / 1e6:.2f} M | {r['trainable'] / 1e6:.3f} M | {r['optimizer_state_bytes'] / 2**20:.1f} MiB | "
+              f"{r['push_bytes'] / 2**20:.2f} MiB | {r['push_s'] * 1e3:.0f} ms |", flush=True)
 
 
 def sft_main() -> None:
@@ -186,4 +203,4 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    {"sft": sft_main, "sweep": sweep_main}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    {"sft": sft_main, "sweep": sweep_main, "real": real_main}.get(sys.argv[1] if sys.argv[1:] else "", main)()
