@@ -73,8 +73,9 @@ class RolloutConfig(Section):
         "generated again. None: no limit.")
     stuck_timeout_s: float = Field(
         default=600.0, gt=0,
-        description="A worker that hands over no finished prompt in this time while it has some in flight is stuck "
-        "(not dead: stopped, deadlocked): it is killed, Ray restarts it and its prompts are generated again.")
+        description="A worker that hands over nothing in this time while it has prompts in flight, neither a finished "
+        "prompt nor a heartbeat (its engine sends one each quarter of this while it steps), is stuck (not dead: stopped, "
+        "deadlocked): it is killed, Ray restarts it and its prompts are generated again.")
 
     @model_validator(mode="after")
     def _engine_options(self) -> "RolloutConfig":

@@ -77,7 +77,7 @@ class RolloutGroup:
                 index = min(range(len(self.workers)), key=self.load)
                 call = self.workers[index].generate_stream.options(
                     num_returns="streaming", **({"concurrency_group": SIDE_BY_SIDE} if self.side_by_side else {}))
-                ref = call.remote(chunk, params, None if seed is None else seed + i, self.version)
+                ref = call.remote(chunk, params, None if seed is None else seed + i, self.version, self.stuck_timeout_s / 4)
                 self._inflight[index][ref] = len(chunk)
                 out.append((start, index, ref))
         return out
@@ -95,7 +95,8 @@ class RolloutGroup:
         def consume(indices: list[int], worker: int, generator) -> None:
             try:
                 while True:
-                    # a worker that hands nothing over for stuck_timeout_s is stuck: killed, it is a death
+                    # a worker that hands nothing over (no finished prompt, no heartbeat) for
+                    # stuck_timeout_s is stuck: killed, it is a death
                     if not ray.wait([generator], timeout=self.stuck_timeout_s)[0]:
                         self.stuck += 1
                         ray.kill(self.workers[worker], no_restart=False)  # Ray restarts it
@@ -103,7 +104,10 @@ class RolloutGroup:
                         ref = next(generator)
                     except StopIteration:
                         return
-                    local, rollout = ray.get(ref)
+                    item = ray.get(ref)
+                    if item is None:  # a heartbeat: the engine is stepping, no prompt finished yet
+                        continue
+                    local, rollout = item
                     done(indices[local], rollout)
                     finished.add(indices[local])
             except ray.exceptions.RayActorError:

@@ -25,8 +25,10 @@ class TransformersBackend:
         torch.manual_seed(seed)
 
     @torch.no_grad()
-    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
-        """(index, rollout) for each prompt, one prompt at a time."""
+    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int,
+                        heartbeat_s: float | None = None) -> Iterator[tuple[int, PromptRollout]]:
+        """(index, rollout) for each prompt, one prompt at a time (no heartbeat: a prompt's samples
+        come from one `generate` call)."""
         eos = self.tokenizer.eos_token_id
         for index, prompt in enumerate(prompts):
             prompt_ids = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]

@@ -5,6 +5,7 @@ import json
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +62,10 @@ class VLLMBackend:
         self.received = 0  # the last version pushed in
         self.owners: dict[int, list] = {}  # request id -> the finished outputs of the call that queued it
 
-    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int) -> Iterator[tuple[int, PromptRollout]]:
-        """(index, rollout) for each prompt as soon as its n samples are finished.
+    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, version: int,
+                        heartbeat_s: float | None = None) -> Iterator[tuple[int, PromptRollout] | None]:
+        """(index, rollout) for each prompt as soon as its n samples are finished; with
+        `heartbeat_s`, None when that long has passed since the last yield while the engine steps.
 
         All prompts are queued at once, so the engine batches them continuously; the caller can
         score a prompt's group while the others are still being generated.
@@ -88,7 +91,11 @@ class VLLMBackend:
                 self.owners[first + i] = mine
             version = max(version, self.received)  # a push may have landed since the caller read its version
         left = len(inputs)
+        beat = time.monotonic()
         while left:
+            if heartbeat_s is not None and time.monotonic() - beat >= heartbeat_s:
+                beat = time.monotonic()
+                yield None
             with self.lock:
                 if not mine:
                     if not engine.has_unfinished_requests():
@@ -101,6 +108,7 @@ class VLLMBackend:
                 finished, mine[:] = list(mine), []
             for out, segments in finished:
                 left -= 1
+                beat = time.monotonic()
                 yield int(out.request_id) - first, self._rollout(out, version, segments)
 
     def _segments_of(self, out) -> list:

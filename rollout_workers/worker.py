@@ -52,10 +52,13 @@ class RolloutWorker:
         self.backend_name, self.threads = backend, threads
         self.version = 0
 
-    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None, min_version: int = 0):
+    def generate_stream(self, prompts: list[Prompt], params: GenerationParams, seed: int | None = None, min_version: int = 0,
+                        heartbeat_s: float | None = None):
         """Samples for `prompts`: yields (index, rollout) as each prompt's samples finish (call
-        with .options(num_returns="streaming")). With `seed`, the engine's generator is reseeded
-        first, so that the same weights, prompts and seed give the same samples whatever ran before.
+        with .options(num_returns="streaming")), and with `heartbeat_s`, None each time that long
+        passes while the engine steps and no prompt finishes (long completions on a slow machine
+        are not a stuck worker). With `seed`, the engine's generator is reseeded first, so that
+        the same weights, prompts and seed give the same samples whatever ran before.
 
         Raises StaleWeightsError if this worker holds weights older than `min_version`: a worker
         that Ray restarted has its initial weights until the group brings it back.
@@ -66,7 +69,7 @@ class RolloutWorker:
             self.backend.reseed(seed)
         if self.threads:
             torch.set_num_threads(self.threads)  # in a concurrency group's thread (InFlightRolloutWorker): its own setting
-        yield from self.backend.generate_stream(prompts, params, self.version)
+        yield from self.backend.generate_stream(prompts, params, self.version, heartbeat_s)
 
     def join_weight_group(self, transport: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Join the learner's weight-sync group as `rank` (blocks until every rank has joined).
