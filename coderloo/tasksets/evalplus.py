@@ -205,9 +205,9 @@ def expected_outputs(path: Path, records: list[tuple[str, Record]], cache_dir: P
     return out
 
 
-def time_limit(canonical_s: float) -> float:
-    """EvalPlus's time limit of one input: max(1 s, 4 x the canonical solution's time on it)."""
-    return max(MIN_TIME_LIMIT_S, TIME_LIMIT_FACTOR * canonical_s)
+def time_limit(canonical_s: float, factor: float = TIME_LIMIT_FACTOR) -> float:
+    """EvalPlus's time limit of one input: max(1 s, 4 (`factor`) x the canonical solution's time on it)."""
+    return max(MIN_TIME_LIMIT_S, factor * canonical_s)
 
 
 def too_large(output) -> bool:
@@ -233,19 +233,23 @@ def subset(n: int, limit: int | None) -> list[int]:
 
 
 def load_evalplus(
-    path: str | Path, plus: bool = True, plus_limit: int | None = None, cache_dir: str | Path | None = None
+    path: str | Path, plus: bool = True, plus_limit: int | None = None, cache_dir: str | Path | None = None,
+    time_limit_factor: float | None = None,
 ) -> list[Task]:
     """HumanEvalPlus-*.jsonl.gz or MbppPlus-*.jsonl.gz as Tasks (ids humaneval+/N, mbpp+/N; with
     plus=False, the base inputs only: humaneval+base/N, mbpp+base/N). With plus inputs, the base
     inputs are the shown tests (feedback may quote them) and the plus inputs the held ones; both
     decide the verdict, as EvalPlus's plus score does. Without, every base input is held.
-    `plus_limit` keeps an evenly spread subset of each task's plus inputs (for quick checks)."""
+    `plus_limit` keeps an evenly spread subset of each task's plus inputs (for quick checks);
+    `time_limit_factor`, EvalPlus's --gt-time-limit-factor (the canonical time's multiple an input
+    may take; None: its default, 4)."""
     from coderloo.runtime import USER_CACHE
 
     path = Path(path)
     dataset, records = _read(path)
     expected = expected_outputs(path, records, Path(cache_dir) if cache_dir else USER_CACHE / "evalplus")
     name = ("humaneval+" if dataset == "humaneval" else "mbpp+") + ("" if plus else "base")
+    factor = TIME_LIMIT_FACTOR if time_limit_factor is None else time_limit_factor
 
     def make_task(record: Record) -> Task:
         outputs = expected[record["task_id"]]
@@ -254,11 +258,11 @@ def load_evalplus(
         if len(cases) < len(record["base_input"]):
             raise ValueError(f"{record['task_id']}: a base input's expected output is over {evalplus_oracle.MAX_OUTPUT_BYTES} bytes")
         num_base = len(cases)
-        groups = [[time_limit(t) for t in outputs["base_time"]]]
+        groups = [[time_limit(t, factor) for t in outputs["base_time"]]]
         if plus:
             keep = [i for i in subset(len(record["plus_input"]), plus_limit) if not too_large(outputs["plus"][i])]
             cases += [[evalplus_oracle.encode(record["plus_input"][i]), outputs["plus"][i]] for i in keep]
-            groups.append([time_limit(outputs["plus_time"][i]) for i in keep])
+            groups.append([time_limit(outputs["plus_time"][i], factor) for i in keep])
         if not cases:
             raise ValueError(f"{record['task_id']} has no inputs")
         time_limits = [limit for group in groups for limit in group]
