@@ -11,6 +11,7 @@ from learner.batch import TrainSequence, pack, prefix_trees
 from learner.config import PolicyLoss
 from learner.packing import cost, deal_to_ranks, pack_by_tokens, rows_of, split_even
 from learner.losses import LossInputs, policy_loss, sft_loss, token_logprobs, value_loss
+from tests.autograd_memory import saved_bytes
 from tests.rounding import UNIT_ROUNDOFF
 
 
@@ -219,20 +220,6 @@ def test_an_additive_mask_is_kept_once_for_all_layers_not_once_per_layer(tiny_mo
     from learner.batch import packed_mask
     from learner.logits import final_hidden_states
 
-    def kept_bytes(inputs: dict) -> int:  # what autograd keeps, each storage once, the parameters' aside
-        parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        kept = {}
-
-        def pack_hook(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in parameters:
-                kept[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda tensor: tensor):
-            final_hidden_states(model, model, inputs)
-        return sum(kept.values())
-
     model = load_causal_lm(tiny_model)
     assert model.config._attn_implementation == "sdpa" and model.config.num_hidden_layers >= 2
     seqs = [TrainSequence(list(range(1, 40)), list(range(40, 120))) for _ in range(4)]
@@ -240,7 +227,8 @@ def test_an_additive_mask_is_kept_once_for_all_layers_not_once_per_layer(tiny_mo
     width = b.input_ids.shape[1]
     assert b.input_ids.shape[0] == 1 and packed_mask(b.position_ids).shape == (1, 1, width, width)
     assert packed_mask(pack(seqs[:1], pad_id=0).position_ids) is None  # one sequence a row: no mask
-    kept = {kind: kept_bytes(b.model_inputs(mask_dtype=kind)) for kind in (None, torch.float32)}
+    kept = {kind: saved_bytes(model, lambda inputs=b.model_inputs(mask_dtype=kind): final_hidden_states(model, model, inputs))
+            for kind in (None, torch.float32)}
     mask_bytes = width * width * 4
     layers = model.config.num_hidden_layers
     assert kept[None] - kept[torch.float32] >= (layers - 1) * mask_bytes

@@ -10,6 +10,7 @@ from coderloo.cli import main
 from coderloo.ops.cluster_files import validate_cluster_file
 from coderloo.config import load_config
 from coderloo.ops.plan import HEADER_END, HEADER_START, PUBLISHED, Architecture, header, plan, plan_from_files
+from tests import autograd_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [  # hidden, intermediate, layers, heads, kv heads, tied
@@ -31,21 +32,10 @@ def test_parameter_count_is_the_models(shape):
 
 
 def saved_bytes(model, tokens: int) -> int:
-    """Bytes autograd keeps for the backward of one forward pass (as the learner calls it: no mask, no
-    cache, the head on one position), each storage once, the parameters' left out (they are the weights)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
+    """Bytes autograd keeps for one forward pass as the learner calls it: no mask, no cache, the head on one position."""
     ids = torch.randint(0, model.config.vocab_size, (1, tokens))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, position_ids=torch.arange(tokens)[None], use_cache=False, logits_to_keep=1)
-    return sum(kept.values())
+    return autograd_memory.saved_bytes(
+        model, lambda: model(input_ids=ids, position_ids=torch.arange(tokens)[None], use_cache=False, logits_to_keep=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
