@@ -257,7 +257,7 @@ def run(config: Config, resume: bool, out: Path, tasks, model_path: Path, consol
             if state is None:
                 trainer.evals["base"] = trainer.evaluate("base", 0)
                 trainer.sft()
-                trainer.evals["after_sft"] = trainer.evaluate("rl", 0)
+                trainer.evals["after_sft"] = trainer.evaluate("rl", 0) if config.sft.steps else trainer.base_again()
             else:
                 trainer.resume(checkpoint, state)
             trainer.rl()
@@ -308,6 +308,12 @@ class Trainer:
         self.monitor.eval_done(result)
         tqdm.write(f"[eval {stage} step {step}] " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if not isinstance(v, dict)))
         return result
+
+    def base_again(self) -> dict[str, float]:
+        """Without SFT steps RL starts from the base policy: its evaluation, recorded again as RL's
+        start rather than computed again (minutes on a real model)."""
+        self.metrics.write("eval", 0, stage="rl", version=self.actors.group.version, **self.evals["base"])
+        return self.evals["base"]
 
     def sft(self) -> None:
         """The SFT warm-up on reference solutions (and multi-turn demonstrations), its weights

@@ -2,6 +2,8 @@
 through the real components: vLLM and transformers give the same greedy tokens on its chat
 prompts, a float32 push into a bf16 engine is verified (and a load that drops a tensor caught),
 and one RL step with the model's own chat template scores, learns and evaluates."""
+import json
+
 import pytest
 import ray
 import torch
@@ -78,3 +80,7 @@ def test_one_rl_step_on_a_real_model_with_its_chat_template(ray_cluster, smol, t
     # an instruct model answers through its chat template: a fenced program that passes tests
     assert summary["base"]["greedy_pass@1"] >= 0.5, summary["base"]
     assert 0 <= summary["final"]["greedy_pass@1"] <= 1
+    # no SFT steps: RL starts from the base policy, whose evaluation is recorded again, not run again
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "eval"]
+    assert [(r["stage"], r["step"]) for r in evals] == [("base", 0), ("rl", 0), ("rl", 1)]
+    assert {**evals[1], "time": None, "stage": None} == {**evals[0], "time": None, "stage": None}
