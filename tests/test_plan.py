@@ -67,6 +67,17 @@ def test_published_shapes():
     assert round(PUBLISHED["qwen2.5-coder-7b"].parameters() / 1e9, 2) == 7.62
 
 
+def test_a_plan_fills_no_more_than_rays_memory_monitor_allows(monkeypatch):
+    """Ray kills a worker once its node's memory use passes RAY_memory_usage_threshold (0.95 by
+    default): that share of the machine is what a plan may fill."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    assert plan(load_config("configs/default.yaml")).actors[1].capacity == pytest.approx(0.95 * total)
+    monkeypatch.setenv("RAY_memory_usage_threshold", "0.5")
+    assert plan(load_config("configs/default.yaml")).actors[1].capacity == pytest.approx(0.5 * total)
+
+
 def test_default_config_fits_this_machine():
     p = plan(load_config("configs/default.yaml"))
     assert p.fits, p.problems

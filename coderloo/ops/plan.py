@@ -158,12 +158,18 @@ def architecture(model) -> tuple[Architecture, str]:
     return published, f"the published {path.name} shape ({model.path} is not on this machine)"
 
 
+def ray_memory_threshold() -> float:
+    """The share of a node's memory Ray's memory monitor lets its workers use before it kills one
+    (`RAY_memory_usage_threshold`, 0.95 by default): the most a plan may fill."""
+    return float(os.environ.get("RAY_memory_usage_threshold", 0.95))
+
+
 @dataclass
 class Node:
     """Where actors go: a node type of the cluster file (or this machine), its memory and how many there are."""
 
     name: str
-    host_bytes: float
+    host_bytes: float  # what Ray lets its workers use (`ray_memory_threshold` of the node's memory)
     gpu_name: str | None = None
     gpu_bytes: float = 0.0
     count: int = 1
@@ -349,7 +355,7 @@ def _nodes(cluster: dict) -> dict[str, Node]:
     for name, t in cluster["available_node_types"].items():
         instance = (t.get("node_config") or {}).get("InstanceType")
         host_gib, gpu_name, gpu_gib = INSTANCE_TYPES.get(instance, (None, None, 0))
-        host = t["resources"].get("memory") or (host_gib * GiB if host_gib else None)
+        host = t["resources"].get("memory") or (host_gib * GiB * ray_memory_threshold() if host_gib else None)
         if host is None:
             raise PlanError(f"node type {name}: its memory is unknown (instance type {instance!r}): give it "
                             f"`resources: {{memory: BYTES}}` or add the instance type to coderloo/ops/plan.py INSTANCE_TYPES")
@@ -374,7 +380,7 @@ def _place(nodes: dict[str, Node], head: str, resources: dict, gpus: float) -> N
 def _local_node() -> Node:
     import psutil
 
-    return Node("this machine", psutil.virtual_memory().total, resources={"CPU": os.cpu_count() or 1})
+    return Node("this machine", psutil.virtual_memory().total * ray_memory_threshold(), resources={"CPU": os.cpu_count() or 1})
 
 
 def plan(config, cluster: dict | None = None, cluster_name: str | None = None) -> Plan:
@@ -461,8 +467,8 @@ def _memory_problems(actors: list[Actor], nodes: dict[str, Node], unchecked_gpus
             biggest = max(held, key=lambda a: per_node[a.name])
             on = "this machine" if node.name == "this machine" else f"each of {spread} {node.name} node{'s' * (spread > 1)}"
             listed = ", ".join(f"{name} {size(b)}" for name, b in per_node.items() if b)
-            problems.append(f"{biggest.name}: {need / GiB:.1f} GiB of host memory needed on {on}, which has "
-                            f"{node.host_bytes / GiB:.1f} GiB ({listed}); {biggest.fields}")
+            problems.append(f"{biggest.name}: {need / GiB:.1f} GiB of host memory needed on {on}, where Ray lets workers "
+                            f"use {node.host_bytes / GiB:.1f} GiB ({listed}); {biggest.fields}")
     return problems
 
 
