@@ -53,7 +53,7 @@ ADAPTER_PROBE = "*.lora_A"
 FORMS = ("weights", "base", "adapter")
 TRANSPORTS = ("auto", "shm", "gloo", "nccl")  # rollout.weight_sync.transport (module docstring)
 SHM_DIR = "/dev/shm"
-SEGMENT_PREFIX = "coderloo-weights-"  # a push's file: SHM_DIR/SEGMENT_PREFIX<group token>-<push number>
+SEGMENT_PREFIX = "coderloo-weights-"  # a push's file: SHM_DIR/SEGMENT_PREFIX<sender pid>-<group token>-<push number>
 _ALIGN = 64  # each bucket starts at a multiple of this in a segment (any dtype's view of it is aligned)
 
 
@@ -251,7 +251,8 @@ def open_group(transport: str, host: str, port: int, rank: int, world_size: int,
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     store = dist.PrefixStore("coderloo-weights", store)
     if rank == 0:
-        store.set("sender", json.dumps({"node": node_id, "token": uuid.uuid4().hex[:16]}))
+        sweep_segments()
+        store.set("sender", json.dumps({"node": node_id, "token": f"{os.getpid()}-{uuid.uuid4().hex[:16]}"}))
     group = WeightGroup(store, rank, timeout_s, "", {}, None)
     sender = json.loads(group.wait_get("sender", "weight-sync sender (rank 0) in the store"))
     group.token = sender["token"]
@@ -338,6 +339,19 @@ def _unpack(bucket: tuple[TensorSpec, ...], buf: torch.Tensor) -> list[tuple[str
         out.append((spec.name, buf[offset : offset + spec.numel].view(spec.shape)))
         offset += spec.numel
     return out
+
+
+def sweep_segments() -> list[str]:
+    """Unlink the push files of senders that are gone: a sender killed mid-push (SIGKILL, the OOM
+    killer) never unlinks its file, which would hold its memory until the machine restarts. Returns
+    the names unlinked."""
+    swept = []
+    for name in os.listdir(SHM_DIR):
+        pid = name[len(SEGMENT_PREFIX):].split("-")[0] if name.startswith(SEGMENT_PREFIX) else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _unlink(os.path.join(SHM_DIR, name))
+            swept.append(name)
+    return swept
 
 
 def _unlink(path: str) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from common import weight_sync
 from common.hf import load_causal_lm
-from common.weight_sync import SEGMENT_PREFIX, SHM_DIR, WeightSource, bit_sum
+from common.weight_sync import SEGMENT_PREFIX, SHM_DIR, WeightSource, bit_sum, sweep_segments
 from learner.actor import named_weights
 from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker, WeightSyncError
 from rollout_workers.config import WeightSyncConfig
@@ -95,6 +95,27 @@ class VLLMEngine:
 
 def segments(token: str) -> list[str]:
     return [n for n in os.listdir(SHM_DIR) if n.startswith(f"{SEGMENT_PREFIX}{token}")]
+
+
+def test_a_dead_senders_push_file_is_swept_and_a_live_ones_kept():
+    """A sender killed mid-push never unlinks its file (2.5 GB of memory for the 0.5B model, until
+    the machine restarts); a new group's sender unlinks the files of senders that are gone, and
+    only those."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = [f"{SEGMENT_PREFIX}{dead.pid}-sweep-test-0", f"{SEGMENT_PREFIX}{os.getpid()}-sweep-test-0"]
+    for name in names:
+        open(os.path.join(SHM_DIR, name), "wb").close()
+    try:
+        swept = sweep_segments()
+        assert names[0] in swept and names[1] not in swept
+        assert [os.path.exists(os.path.join(SHM_DIR, n)) for n in names] == [False, True]
+    finally:
+        for name in names:
+            if os.path.exists(os.path.join(SHM_DIR, name)):
+                os.unlink(os.path.join(SHM_DIR, name))
 
 
 def test_bit_sum_is_exact_and_sees_one_flipped_bit():
