@@ -73,3 +73,22 @@ def pin_threads(cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:  # a thread that ended meanwhile
             pass
+
+
+def computes_bf16() -> bool:
+    """Whether this machine's CPU multiplies bf16 matrices in hardware (AVX-512 BF16 or AMX). On one
+    without, torch and vLLM emulate bf16, slower than float32: 7x for torch's matrix products on an
+    AMD EPYC with AVX2 (bench/results.md, real_models)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def precision(dtype: str, on_gpu: bool) -> str:
+    """A config's `dtype`, "auto" resolved: bfloat16 on GPUs and on a CPU that computes it, else float32."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if on_gpu or computes_bf16() else "float32"

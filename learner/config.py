@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from common.config import Section, Variant, with_default_variants
-from common.cpus import CpuSet
+from common.cpus import CpuSet, precision
 
 
 class LoraSettings(Section):
@@ -320,7 +320,10 @@ class LearnerConfig(Section):
     )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Training precision.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="float32", description="Training precision. auto: bfloat16 on GPUs and on a CPU that computes it "
+        "(AVX-512 BF16 or AMX; elsewhere it is emulated, several times slower), else float32; the run's config.yaml "
+        "records which.")
     optimizer_steps: int = Field(
         default=2, ge=1,
         description="Optimizer steps per RL batch: the samples are split into this many mini-batches "
@@ -406,6 +409,8 @@ class LearnerConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _default_variants(cls, data):
+        if isinstance(data, dict) and data.get("dtype") == "auto":
+            data = {**data, "dtype": precision("auto", data.get("device") == "cuda")}
         return with_default_variants(data, {"loss": ("type", "clip"), "advantage": ("type", "rloo")})
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ import numpy as np
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 
 from common.config import Section, Variant
-from common.cpus import CpuSet
+from common.cpus import CpuSet, precision
 
 
 class WeightSyncConfig(Section):
@@ -61,8 +61,9 @@ class RolloutConfig(Section):
         description="Custom Ray resources each worker asks for, to place it on a node type that offers them "
         "(cluster.yaml's rollout nodes offer `rollout_gpu`).",
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="vLLM's weights and activations: float32 on CPU (matches the learner's logprobs), bfloat16 on GPUs.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="float32", description="vLLM's weights and activations: float32 on CPU (matches the learner's logprobs), bfloat16 on GPUs. "
+        "auto: bfloat16 on GPUs and on a CPU that computes it (AVX-512 BF16 or AMX), else float32; the run's config.yaml records which.")
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0, le=1, description="Share of its GPU's memory vLLM takes for weights and KV cache (GPU workers only).")
     max_model_len: int | None = Field(default=None, ge=1, description="vLLM's longest prompt + completion (None: the model's).")
@@ -76,6 +77,14 @@ class RolloutConfig(Section):
         description="A worker that hands over nothing in this time while it has prompts in flight, neither a finished "
         "prompt nor a heartbeat (its engine sends one each quarter of this while it steps), is stuck (not dead: stopped, "
         "deadlocked): it is killed, Ray restarts it and its prompts are generated again.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _precision(cls, data):
+        if isinstance(data, dict) and data.get("dtype") == "auto":  # the transformers backend generates in float32
+            vllm = data.get("backend", "vllm") == "vllm"
+            data = {**data, "dtype": precision("auto", bool(data.get("gpus_per_worker"))) if vllm else "float32"}
+        return data
 
     @model_validator(mode="after")
     def _engine_options(self) -> "RolloutConfig":

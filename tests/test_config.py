@@ -294,3 +294,17 @@ def test_a_moving_kl_reference_needs_weights_of_its_own_and_a_mix():
     with pytest.raises(ConfigError, match="lora with kl.reference_mix"):
         load_config("configs/lora.yaml", ["learner.kl={coef: 0.01, reference_mix: 0.01}"])
     assert not load_config("configs/lora.yaml", ["learner.kl={coef: 0.01}"]).learner.own_reference
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_dtype_auto_is_bfloat16_where_it_is_computed_and_float32_where_emulated(monkeypatch, native):
+    import common.cpus
+
+    monkeypatch.setattr(common.cpus, "computes_bf16", lambda: native)
+    auto = ["rollout.dtype=auto", "learner.dtype=auto"]
+    cpu = load_config("configs/default.yaml", auto)
+    assert (cpu.rollout.dtype, cpu.learner.dtype) == (("bfloat16",) * 2 if native else ("float32",) * 2)
+    gpu = load_config("configs/default.yaml", [*auto, "rollout.gpus_per_worker=1", "learner.device=cuda"])
+    assert (gpu.rollout.dtype, gpu.learner.dtype) == ("bfloat16", "bfloat16")
+    # the transformers backend generates in float32 only
+    assert load_config("configs/default.yaml", [*auto, "rollout.backend=transformers"]).rollout.dtype == "float32"
