@@ -104,6 +104,9 @@ PUBLISHED = {
 # steps of configs/soak.yaml, `rss_mb/<actor>` at its end).
 DRIVER_BYTES = 920 * MiB  # the controller: tasks, tokenizer, Ray's driver
 RAY_HEAD_BYTES = (359 + 97 + 213 + 211) * MiB  # raylet, GCS, Serve's controller and HTTP proxy
+# Ray's dashboard (config.dashboard): its head and the ten processes of its modules, 1,062 MB together
+# in the 0.5B run of bench/results.md ("real_models"), its agent 128 MB and the runtime-env agent 81.
+DASHBOARD_BYTES = (1062 + 128 + 81) * MiB
 REPLICA_BYTES = 229 * MiB  # a reward-service replica (its sandbox pool's dispatcher runs in it, in a thread)
 EXECUTOR_BYTES = 150 * MiB  # a sandbox executor and its fork server, without the programs
 # A learner rank's process: torch, DeepSpeed, transformers and Ray (their import alone: 0.6 GiB; the
@@ -420,7 +423,8 @@ def _actors(config, arch: Architecture, nodes: dict[str, Node], head: str, place
     rollout_gpu = config.rollout.gpus_per_worker > 0 and config.rollout.backend == "vllm"
     sandbox_node = place({SANDBOX_RESOURCE: reward.pool.concurrency_per_executor}, 0)
     actors = [
-        Actor("driver", 1, nodes[head], "cpu", {"runtime": DRIVER_BYTES + RAY_HEAD_BYTES}, "(the controller and Ray's head processes)"),
+        Actor("driver", 1, nodes[head], "cpu", {"runtime": DRIVER_BYTES + RAY_HEAD_BYTES + config.dashboard * DASHBOARD_BYTES},
+              "(the controller and Ray's head processes; dashboard false saves 1.2 GiB)"),
         Actor("learner rank", config.learner.num_ranks, learner_node, "gpu" if learner_gpu else "cpu", learner_parts,
               "raise learner.zero_stage or learner.num_ranks, or lower learner.max_tokens_per_micro_batch"
               + ("" if config.learner.gradient_checkpointing else ", or set learner.gradient_checkpointing"),
