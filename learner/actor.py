@@ -89,10 +89,14 @@ def every_rank(flag: bool, world_size: int) -> bool:
     return bool(agreed.item())
 
 
+TOKENIZER_FILES = ("special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")  # besides tokenizer*: transformers keeps a chat template apart
+
+
 def copy_tokenizer_files(model_path: str | Path, out: str | Path) -> None:
     """Copy the tokenizer files as they are: re-saving through a loaded class can change them."""
     for name in os.listdir(model_path):
-        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+        if name.startswith("tokenizer") or name in TOKENIZER_FILES:
             shutil.copy(Path(model_path) / name, Path(out) / name)
 
 

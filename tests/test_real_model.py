@@ -80,6 +80,8 @@ def test_one_rl_step_on_a_real_model_with_its_chat_template(ray_cluster, smol, t
     # an instruct model answers through its chat template: a fenced program that passes tests
     assert summary["base"]["greedy_pass@1"] >= 0.5, summary["base"]
     assert 0 <= summary["final"]["greedy_pass@1"] <= 1
+    # the checkpoint keeps the chat template (`coderloo eval --model` of it renders prompts through it)
+    assert load_tokenizer(out / "checkpoints" / "final").chat_template == load_tokenizer(smol).chat_template
     # no SFT steps: RL starts from the base policy, whose evaluation is recorded again, not run again
     evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "eval"]
     assert [(r["stage"], r["step"]) for r in evals] == [("base", 0), ("rl", 0), ("rl", 1)]
