@@ -8,7 +8,7 @@ how long it takes, on the tiny model and on Qwen2.5-Coder-0.5B's shape (randomly
 
 For each model, two DeepSpeed learners (ZeRO-0, float32) in turn: full fine-tuning, and a LoRA
 adapter (rank 16, alpha 32, on every attention and MLP projection). Each takes one SFT step (AdamW
-makes its state at the first step), then pushes into a vLLM rollout worker over the gloo group:
+makes its state at the first step), then pushes into a vLLM rollout worker (weight_sync auto: shared memory, the engine is on the learner's node):
 the whole weights, or only the adapter (the worker loads it through vLLM's LoRA support). Push
 times are medians of REPEATS pushes after a warm-up, from the first call to the last worker's
 verified load.
@@ -108,7 +108,7 @@ def real_main() -> None:
 
     init_ray(num_cpus=4)
     model = str(fetch("qwen2.5-coder-0.5b-instruct"))
-    print(f"real weights ({model}): DeepSpeed ZeRO-0 float32 learner -> vLLM bf16, gloo, median of {REPEATS}")
+    print(f"real weights ({model}): DeepSpeed ZeRO-0 float32 learner -> vLLM bf16, shared memory, median of {REPEATS}")
     print("| mode | parameters | trainable | optimizer state | bytes per push | push time |")
     print("|---|---|---|---|---|---|")
     for mode in ("full", "lora"):
@@ -179,7 +179,7 @@ def main() -> list[dict]:
     corpus = corpus_for_tokenizer()
     comparisons = []
     print(f"LoRA (rank {LORA.rank}, alpha {LORA.alpha:g}, {', '.join(LORA.target_modules)}) against full fine-tuning; "
-          f"DeepSpeed ZeRO-0 float32, push into a vLLM worker over gloo, median of {REPEATS}")
+          f"DeepSpeed ZeRO-0 float32, push into a vLLM worker through shared memory, median of {REPEATS}")
     print("| model | mode | parameters | trainable | optimizer state | bytes per push | push time |")
     print("|---|---|---|---|---|---|---|")
     for name, spec in MODELS.items():
