@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from common.config import Section, Variant, with_default_variants
 from common.cpus import CpuSet, precision
@@ -409,9 +409,12 @@ class LearnerConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _default_variants(cls, data):
-        if isinstance(data, dict) and data.get("dtype") == "auto":
-            data = {**data, "dtype": precision("auto", data.get("device") == "cuda")}
         return with_default_variants(data, {"loss": ("type", "clip"), "advantage": ("type", "rloo")})
+
+    @field_validator("dtype")
+    @classmethod
+    def _precision(cls, dtype: str, info: ValidationInfo) -> str:
+        return precision(dtype, info.data.get("device") == "cuda")
 
     @model_validator(mode="after")
     def _combinations(self) -> "LearnerConfig":

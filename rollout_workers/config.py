@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, TypeAdapter, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from common.config import Section, Variant
 from common.cpus import CpuSet, precision
@@ -78,13 +78,12 @@ class RolloutConfig(Section):
         "prompt nor a heartbeat (its engine sends one each quarter of this while it steps), is stuck (not dead: stopped, "
         "deadlocked): it is killed, Ray restarts it and its prompts are generated again.")
 
-    @model_validator(mode="before")
+    @field_validator("dtype")
     @classmethod
-    def _precision(cls, data):
-        if isinstance(data, dict) and data.get("dtype") == "auto":  # the transformers backend generates in float32
-            vllm = data.get("backend", "vllm") == "vllm"
-            data = {**data, "dtype": precision("auto", bool(data.get("gpus_per_worker"))) if vllm else "float32"}
-        return data
+    def _precision(cls, dtype: str, info: ValidationInfo) -> str:
+        if dtype == "auto" and info.data.get("backend") == "transformers":  # it generates in float32 only
+            return "float32"
+        return precision(dtype, bool(info.data.get("gpus_per_worker")))
 
     @model_validator(mode="after")
     def _engine_options(self) -> "RolloutConfig":

@@ -306,5 +306,7 @@ def test_dtype_auto_is_bfloat16_where_it_is_computed_and_float32_where_emulated(
     assert (cpu.rollout.dtype, cpu.learner.dtype) == (("bfloat16",) * 2 if native else ("float32",) * 2)
     gpu = load_config("configs/default.yaml", [*auto, "rollout.gpus_per_worker=1", "learner.device=cuda"])
     assert (gpu.rollout.dtype, gpu.learner.dtype) == ("bfloat16", "bfloat16")
+    cpu.learner.dtype = cpu.rollout.dtype = "auto"  # set in code, as benches do
+    assert (cpu.rollout.dtype, cpu.learner.dtype) == (("bfloat16",) * 2 if native else ("float32",) * 2)
     # the transformers backend generates in float32 only
     assert load_config("configs/default.yaml", [*auto, "rollout.backend=transformers"]).rollout.dtype == "float32"
