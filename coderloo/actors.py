@@ -25,8 +25,8 @@ from rollout_workers.strategies import RolloutStrategy, SingleAttempt, make_stra
 @dataclass
 class Actors:
     """What `started` started: the reward service's client, the learner (a training run's), the
-    rollout workers, their group and the strategy that drives them (with multi-turn episodes, also
-    a single-attempt strategy on the same policy; with refinement that the critic chooses, also one
+    rollout workers, their group and the strategy that drives them (with the interpreter, also a
+    single-attempt strategy on the same policy; with refinement that the critic chooses, also one
     that chooses at random), and the critic (a training run's, when enabled)."""
 
     rewards: RewardClient | None = None
@@ -90,7 +90,7 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
                                     side_by_side=config.train.partial_rollouts)
         score = actors.critic.p_passed if actors.critic is not None else None
         actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt, score)
-        if config.env.multi_turn:
+        if config.env.multi_turn and not config.env.turns_are_attempts:  # refinement's round 1 is its single attempt
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)
         if config.env.choose == "critic":
             random_choice = config.env.model_copy(update={"choose": "random"})

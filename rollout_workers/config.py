@@ -128,6 +128,9 @@ class SingleEnv(Variant):
 class _MultiTurnEnv(Variant):
     tag: ClassVar[str] = "name"
     multi_turn: ClassVar[bool] = True
+    # each turn a whole attempt at the task: round 1 is the policy's single attempt, and pass@1 is
+    # measured by round (the interpreter's turns are tool calls before one answer)
+    turns_are_attempts: ClassVar[bool] = True
     max_turns: int = Field(default=3, ge=1, description="Most policy turns per trajectory (attempts; tool calls and the answer).")
     max_total_tokens: int = Field(
         default=1024, ge=1, description="Most tokens per trajectory, its first prompt, the policy's and the observations' together; "
@@ -157,6 +160,24 @@ class RefineEnv(_MultiTurnEnv):
         description="Which failed attempts go on when more than per_round failed: random, or the critic's choice "
         "(CodeRL's: those it rates most likely to pass; needs critic.enabled). With critic, every evaluation also "
         "reports pass@1 with a random choice of as many, from first attempts drawn with the same seed (pass@1_random_choice).")
+    go_on: Literal["verdict", "shown"] = Field(
+        default="verdict",
+        description="Which failed attempt gets another. verdict: one that fails any test (told how the held tests ended, "
+        "never what they are: a training signal, as the reward is). shown: one that fails the task's shown tests, all a "
+        "deployed model knows before it submits; the first attempt that passes them is the answer, judged by every test "
+        "(how to evaluate refinement; a task that shows no tests gets one attempt).")
+    feedback: bool = Field(
+        default=True,
+        description="false: each attempt after the first is sampled afresh from the task's prompt, without the attempts "
+        "before it or their feedback: independent attempts under the same go_on rule and budget, refinement's "
+        "equal-samples control (needs train_as turns).")
+
+    @model_validator(mode="after")
+    def _fresh_attempts_train_as_turns(self) -> "RefineEnv":
+        if not self.feedback and self.train_as == "concat":
+            raise ValueError("feedback false samples each attempt afresh from the task's prompt: its attempts are not one "
+                             "sequence, so train_as must be turns")
+        return self
 
 
 class InterpreterEnv(_MultiTurnEnv):
@@ -166,6 +187,8 @@ class InterpreterEnv(_MultiTurnEnv):
     name: Literal["interpreter"] = "interpreter"
     per_round: ClassVar[int] = 0  # tool calls are not attempts: no budget per round
     choose: ClassVar[str] = "random"
+    feedback: ClassVar[bool] = True  # a run's report always continues the context
+    turns_are_attempts: ClassVar[bool] = False
     max_tool_calls: int = Field(default=2, ge=0, description="Most runs per trajectory; the turn after the last one is the answer.")
     run_marker: str = Field(default="#>>> run", min_length=1, description="A turn that ends with this asks to run its code.")
 

@@ -10,7 +10,9 @@ fits (the turn or token limits): the environment ends those, scoring what they h
 - `Refine`: every attempt is scored by all the task's tests; a failed one is followed by the
   feedback of a run on its shown tests (Task.public_tests: a contest's public examples), or, when
   it passes them or the task shows none, by how the held tests ended, never what they are. With
-  a `choose` (refinement's budget per round), only the failed attempts it keeps go on.
+  `go_on: shown`, only an attempt that fails the shown tests goes on (the held tests decide
+  nothing the policy sees). With a `choose` (refinement's budget per round), only the failed
+  attempts it keeps go on.
 - `Interpreter`: a turn that ends at the run marker asks to run its code; the sandbox runs it
   with the task's limits and no tests, and its stdout, stderr and exit status are the observation,
   up to `max_tool_calls`; any other turn is the answer, scored by all the task's tests.
@@ -94,18 +96,27 @@ class Refine(_Base):
     def react(self, live: list[Live], final: list[bool], choose: Choose | None = None) -> list[Reply]:
         scored = self.rewards.score([t.task for t in live], [t.texts[-1] for t in live])
         again = [i for i, r in enumerate(scored) if not r.passed and not final[i]]
+        if self.config.go_on == "shown":  # what the policy could know: an attempt that passes the shown tests is the answer
+            examples = self._on_shown(live, [i for i in again if live[i].task.public_tests])
+            again = [i for i in examples if not examples[i].passed]
         if choose is not None:  # before the runs for feedback: an attempt left out ends here
             again = choose(again)
-        # feedback comes from a run on the shown tests alone: a held test's input, expected value
-        # or error never reaches the policy, only that the held tests did not all pass
-        shown = [i for i in again if live[i].task.public_tests]
-        on_shown = self.rewards.score([live[i].task.examples() for i in shown], [live[i].texts[-1] for i in shown]) if shown else []
-        examples = dict(zip(shown, on_shown, strict=True))
+        if self.config.go_on == "verdict":
+            examples = self._on_shown(live, [i for i in again if live[i].task.public_tests])
         replies = [Reply(r) for r in scored]
         for i in again:
             said = feedback(live[i].task, scored[i], examples.get(i))
             replies[i] = Reply(scored[i], "What running the code above said:\n" + cut_feedback(said, self.config.feedback_chars), AGAIN)
         return replies
+
+    def _on_shown(self, live: list[Live], which: list[int]) -> dict[int, ItemReward]:
+        """A run of these attempts on their tasks' shown tests alone, what their feedback comes from: a
+        held test's input, expected value or error never reaches the policy, only that the held tests
+        did not all pass."""
+        if not which:
+            return {}
+        on_shown = self.rewards.score([live[i].task.examples() for i in which], [live[i].texts[-1] for i in which])
+        return dict(zip(which, on_shown, strict=True))
 
 
 def feedback(task: Task, held: ItemReward, shown: ItemReward | None) -> str:

@@ -202,8 +202,11 @@ class MultiTurn:
             if reply.message is None:
                 t.outcome = reply.reward
                 continue
-            ids, cut = observation_ids(self.tokenizer, self.prompt, self.config, t.live.task, reply, turn.token_ids)
-            context = t.context + turn.token_ids + ids
+            if self.config.feedback:
+                ids, cut = observation_ids(self.tokenizer, self.prompt, self.config, t.live.task, reply, turn.token_ids)
+                context = t.context + turn.token_ids + ids
+            else:  # an independent attempt: the task's prompt alone
+                ids, cut, context = [], 0, list(t.turns[0].prompt_ids)
             if len(context) + max_new_tokens > self.limit:
                 t.at_limit = True
                 ending.append(t)
@@ -264,7 +267,7 @@ def turn_metrics(trajectories: list[Trajectory], config: EnvConfig) -> dict[str,
     """Turns per trajectory, and where rounds are attempts (not the interpreter's), the pass rate
     by round."""
     metrics = {"turns_mean": sum(len(t.turns) for t in trajectories) / len(trajectories)}
-    if config.name != "interpreter":
+    if config.turns_are_attempts:
         rates = pass_rates_by_turn(trajectories, config.max_turns)
         metrics.update({f"pass@1_round{r}": rate for r, rate in enumerate(rates, start=1)})
     return metrics

@@ -257,6 +257,39 @@ def test_refinement_feedback_comes_from_the_shown_tests_and_says_only_how_the_he
     assert all(len(g[0].turns) == 3 and not g[0].outcome.passed for g in rollouts.groups)
 
 
+def test_refinement_that_goes_on_by_the_shown_tests_submits_the_first_attempt_that_passes_them():
+    cases = [IOTest(stdin=f"{i}\n", stdout=f"{i + 1}\n") for i in range(4)]
+    task = Task(id="io/1", prompt="Read n, print n + 1.\n", tests=cases, public_tests=1, reference="print(int(input()) + 1)\n",
+                prompt_is_code=False, entry_point=None, difficulty=1, source="test")
+    bare = task.model_copy(update={"id": "io/2", "public_tests": 0})
+    # round 1: all four attempts fail the held tests; of task's two, the first passes the shown case (it is the
+    # answer, wrong as it is) and the second not. Round 2: the second passes every test.
+    service = ScriptedRewards([[False] * 4, [True]], shown=[[True, False]])
+    rollouts = multi_turn(Refine, ScriptedGroup(), service, max_turns=3, go_on="shown").run([task, bare], GenerationParams(n=2), 0)
+    assert [[t.id for t in tasks] for tasks, _ in service.shown_calls] == [["io/1", "io/1"]]  # bare shows none: not run
+    (submitted, refined), alone = rollouts.groups
+    assert len(submitted.turns) == 1 and not submitted.outcome.passed  # the held tests decided nothing it was told
+    assert [len(t.turns) for t in alone] == [1, 1]  # a task that shows no tests gets one attempt
+    assert len(refined.turns) == 2 and refined.outcome.passed
+    said = TOKENIZER.decode(refined.turns[1].prompt_ids[len(refined.turns[0].prompt_ids) + len(refined.turns[0].token_ids):])
+    assert "first failing test: assert solve(17) == 18" in said and "held" not in said  # the shown run's feedback alone
+    assert rollouts.metrics["pass@1_round1"] == 0.0 and rollouts.metrics["pass@1_round2"] == pytest.approx(1 / 4)
+
+
+def test_attempts_without_feedback_are_sampled_afresh_from_the_prompt_under_the_same_rule():
+    service = ScriptedRewards([[False, False], [False], [True]], shown=[[True, False], [False]])
+    group = ScriptedGroup()
+    trajectories = multi_turn(Refine, group, service, max_turns=3, go_on="shown", feedback=False).run(
+        [TASK], GenerationParams(n=2), 5).groups[0]
+    assert [len(t.turns) for t in trajectories] == [1, 3]
+    first = trajectories[1].turns[0].prompt_ids
+    assert [turn.prompt_ids for turn in trajectories[1].turns] == [first] * 3  # the prompt alone, each time
+    assert [p for p, _, _ in group.calls[1:]] == [[first], [first]] and len({s for _, _, s in group.calls}) == 3
+    assert trajectories[1].outcome.passed
+    with pytest.raises(ConfigError, match="feedback false samples each attempt afresh.*train_as must be turns"):
+        load_config("configs/default.yaml", ["env.name=refine", "env.feedback=false", "env.train_as=concat"])
+
+
 def test_a_concatenated_trajectory_masks_its_observations():
     group, service = ScriptedGroup(), ScriptedRewards([[False], [True]])
     trajectory = multi_turn(Refine, group, service, max_turns=2).run([TASK], GenerationParams(n=1), 0).groups[0][0]
@@ -334,6 +367,29 @@ def test_evaluation_reports_rounds_and_single_turn_pass_at_1_of_the_same_policy(
                        "tool_calls_mean": 0.0, "single_turn_pass@1": 0.25, **breakdown}
     assert [params.temperature for _, params, _ in group.calls] == [1.0, 1.0, 1.0]
     assert group.calls[0][2] == group.calls[2][2] == 7  # the single-turn samples are drawn with the same seed
+
+
+def test_an_evaluation_without_greedy_writes_each_sampled_trajectory_with_what_each_turn_read(tmp_path):
+    import json
+
+    from coderloo.cli import write_samples
+    from coderloo.config import EvalConfig
+    from coderloo.evaluation import evaluate
+
+    # two samples; the first passes, the second fails and is rewritten; then the same without feedback
+    for feedback in (True, False):
+        made: list[Trajectory] = []
+        service = ScriptedRewards([[True, False], [True]])
+        strategy = multi_turn(Refine, ScriptedGroup(), service, max_turns=2, feedback=feedback)
+        evaluate(strategy, [TASK], EvalConfig(samples_per_task=2, k=[1], greedy=False), 16, [], seed=3, out=made)
+        write_samples(tmp_path / "samples.jsonl", {"set": made}, TOKENIZER)
+        rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+        assert [(r["task_id"], r["passed"], "turns" in r) for r in rows] == [(TASK.id, True, False), (TASK.id, True, True)]
+        first, second = rows[1]["turns"]
+        assert first["read"] is None and first["text"] == "    return 1\n" and first["passed"] is False
+        assert second["text"] == "    return 2\n" and second["passed"] is True
+        assert ("# first failing test: assert solve(17) == 18" in second["read"]) is feedback
+        assert (second["read"] == "") is not feedback  # afresh: nothing extended the context
 
 
 def test_evaluation_reports_refinement_by_a_random_choice_next_to_the_critics():
