@@ -299,6 +299,17 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _constant_reward(self) -> "Config":
+        if self.reward.weights.constant and self.learner.filters_groups:
+            raise ValueError("reward.weights.constant makes every group uniform, and learner.advantage.filter_uninformative "
+                             "would drop them all: set it false (the control trains on zero advantages, as the run it controls "
+                             "trains on its own)")
+        if self.reward.weights.constant and self.learner.dense_rewards:
+            raise ValueError("reward.weights.constant with dense rewards (learner.advantage): per-token rewards are "
+                             "attributed from the components, not the total; turn dense rewards off")
+        return self
+
+    @model_validator(mode="after")
     def _critic_start(self) -> "Config":
         lora = self.learner.lora
         if (self.critic.enabled and self.critic.start == "sft" and self.sft.steps and lora is not None

@@ -37,8 +37,13 @@ class RewardWeights(BaseModel):
         "and the security S rules.",
     )
 
+    constant: bool = Field(
+        False, description="Every total is 0, whatever the components (still measured and reported): the control run "
+        "with no learning signal, whose held-out 'gain' is the evaluation's drift (needs "
+        "learner.advantage.filter_uninformative false: every group is uniform).")
+
     @model_validator(mode="after")
     def _some_weight(self) -> "RewardWeights":
-        if self.syntax + self.functionality <= 0:
+        if self.syntax + self.functionality <= 0 and not self.constant:
             raise ValueError("at least one of the syntax and functionality weights must be positive")
         return self

@@ -18,7 +18,7 @@ from reward_service.attribution import token_end_offsets, token_rewards
 from reward_service.components import ComponentError, ComponentSpec, Score, Scored
 from reward_service.dataflow import _characters, dataflow_match
 from reward_service.schemas import Diagnostic
-from reward_service.scorer import RewardScorer
+from reward_service.scorer import RewardScorer, analyse
 from reward_service.weights import RewardWeights
 from sandbox_pool import ExecutionResult, Limits, Status
 
@@ -199,7 +199,7 @@ def test_coverage_is_the_share_of_executable_lines_the_tests_ran_and_blames_the_
     """By hand: `def solve`, `if`, both returns are the executable lines (the docstring is not); the
     tests ran 3 of them. Weight 0.4: the total adds 0.3, and the tokens of the untested `return 0`
     lose the shortfall 0.1."""
-    from reward_service.scorer import analyse, coverage, executable_lines
+    from reward_service.scorer import coverage, executable_lines
 
     tokenizer = load_tokenizer(tiny_model)
     completion = "    if x > 0:\n        return x + 1\n    return 0\n"
@@ -225,3 +225,22 @@ def test_coverage_is_the_share_of_executable_lines_the_tests_ran_and_blames_the_
     assert not TASK.execution_request(program, Limits()).coverage and TASK.execution_request(program, Limits(), coverage=True).coverage
     plain = RewardScorer(None, Limits(), RewardWeights()).reward(TASK, analyse(TASK, completion), result, None)
     assert plain.components.coverage is None and plain.total == pytest.approx(1.1)
+
+
+def test_a_constant_reward_measures_every_component_and_pays_nothing():
+    completion = "    return x + 1\n"
+    result = ExecutionResult(status=Status.passed, tests=[{"passed": True}], num_tests=1, duration_s=0.0)
+    paid = RewardScorer(None, Limits(), RewardWeights()).reward(TASK, analyse(TASK, completion), result, None)
+    control = RewardScorer(None, Limits(), RewardWeights(constant=True, syntax=0, functionality=0)).reward(
+        TASK, analyse(TASK, completion), result, None)
+    assert paid.total == pytest.approx(1.1) and control.total == 0.0
+    assert control.passed and control.components == paid.components  # still measured: the control's pass rates are real
+    with pytest.raises(ValueError, match="at least one of the syntax and functionality weights must be positive"):
+        RewardWeights(syntax=0, functionality=0)
+    with pytest.raises(ConfigError, match="reward.weights.constant makes every group uniform"):
+        load_config("configs/default.yaml", ["reward.weights.constant=true"])
+    with pytest.raises(ConfigError, match="reward.weights.constant with dense rewards"):
+        load_config("configs/default.yaml", ["reward.weights.constant=true", "learner.advantage.filter_uninformative=false",
+                                             "learner.advantage.dense={}"])
+    assert load_config("configs/default.yaml", ["reward.weights.constant=true",
+                                                "learner.advantage.filter_uninformative=false"]).reward.weights.constant
