@@ -5,6 +5,7 @@ the completion tokens that wrote them, and tokens outside the span (prose, fence
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
@@ -111,3 +112,79 @@ def _extract_answer(answer: str, prompt_is_code: bool, entry_point: str | None, 
         defines = re.compile(rf"^\s*(?:async\s+)?def\s+{name}\s*\(" if language == "python" else rf"\b{name}\b", re.MULTILINE)
     chosen = next((m for m in blocks if defines and defines.search(m.group(2))), blocks[0])
     return _span(answer, chosen.start(2), chosen.end(2))
+
+
+def sanitize(code: str, entry_point: str) -> str:
+    """A whole-program answer to a function task as EvalPlus's sanitizer keeps it for the verdict
+    (evalplus.sanitize, which its codegen applies to every answer, and Qwen2.5-Coder's report with
+    it): the top-level imports, and the definitions (functions, classes, assignments) that the
+    entry point reaches by name; the rest (a model's own asserts and prints, a __main__ block, an
+    unused helper) is blanked out line by line, so that each kept line keeps its place and its
+    diagnostics their position in the completion. Code that does not parse, or does not define the
+    entry point at the top level (a method of a class), is left as it is.
+
+    Code that does not parse (an answer cut off by the token limit, a broken assert after the
+    function) is cut to its longest prefix that does, as EvalPlus cuts it to its longest block that
+    does. Where EvalPlus's tree-sitter rules differ, Python's are kept: a function without a return
+    statement is kept (EvalPlus drops it), and the last of two definitions of a name is the one
+    that counts (EvalPlus keeps the first)."""
+    lines = code.splitlines(keepends=True)
+    tree, end = _parsed_prefix(lines)
+    if tree is None:
+        return code
+    defined: dict[str, list[ast.stmt]] = {}
+    imports, others = [], []
+    for node in tree.body:
+        name = _defined_name(node)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(node)
+        elif name is not None:
+            defined.setdefault(name, []).append(node)
+        else:
+            others.append(node)
+    if entry_point not in defined:
+        return code
+    reached, queue = {entry_point}, [entry_point]
+    while queue:
+        for node in defined.get(queue.pop(), []):
+            for used in _names_used(node) - reached:
+                if used in defined:
+                    reached.add(used)
+                    queue.append(used)
+    kept = imports + [node for name in reached for node in defined[name]]
+    dropped = others + [node for name, nodes in defined.items() if name not in reached for node in nodes]
+    keep = {line for node in kept for line in _lines(node)}
+    blank = ({line for node in dropped for line in _lines(node)} | set(range(end + 1, len(lines) + 1))) - keep
+    if not blank:
+        return code
+    return "".join("\n" if i in blank else line for i, line in enumerate(lines, start=1))
+
+
+def _parsed_prefix(lines: list[str]) -> tuple[ast.Module | None, int]:
+    """The syntax tree of the longest prefix of `lines` that parses, and its number of lines."""
+    end = len(lines)
+    while end > 0:
+        try:
+            return ast.parse("".join(lines[:end])), end
+        except SyntaxError as e:  # the statement at the error, or one that began before it, is cut
+            end = min(end - 1, (e.lineno or end) - 1) if e.lineno and e.lineno <= end else end - 1
+        except ValueError:  # null bytes: nothing of it runs
+            break
+    return None, 0
+
+
+def _defined_name(node: ast.stmt) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return targets[0].id if len(targets) == 1 and isinstance(targets[0], ast.Name) else None
+
+
+def _names_used(node: ast.stmt) -> set[str]:
+    """Every identifier in `node`, as EvalPlus gathers a definition's dependencies."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def _lines(node: ast.stmt) -> range:
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return range(first, node.end_lineno + 1)

@@ -7,7 +7,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from reward_service.components import ComponentSpec, PluggedComponents, Score, Scored
-from reward_service.extract import Extraction, extract, never_answered
+from reward_service.extract import Extraction, extract, never_answered, sanitize
 from reward_service.lint import ruff_check, syntax_error
 from reward_service.schemas import Components, Diagnostic, ItemReward
 from reward_service.tasks import Task
@@ -42,7 +42,8 @@ NO_CODE = Diagnostic(code="syntax", message="no code in the answer", row=1, colu
 
 def analyse(task: Task, completion: str) -> Analysis:
     extraction = extract(completion, task.prompt_is_code, task.entry_point, task.language)
-    program = task.program(extraction.code)
+    whole = not task.prompt_is_code and task.language == "python" and task.entry_point  # a chat answer to a function task
+    program = task.program(sanitize(extraction.code, task.entry_point) if whole else extraction.code)
     if never_answered(completion) or (not extraction.code.strip() and not task.prompt_is_code):
         return Analysis(extraction, program, NO_CODE)
     # Only Python is checked here; the sandbox compiles C++ and reports its errors, and Node reports
@@ -235,7 +236,7 @@ class RewardScorer:
         covered = coverage(analysis.program, result.lines_executed) if w.coverage else None
         shaping = {"coverage": covered, **domain}
         weights = {"coverage": w.coverage, **{spec.name: spec.weight for spec in self.components.specs}}
-        total = (
+        total = 0.0 if w.constant else (
             w.syntax * syntax + w.functionality * functionality - w.lint * (lint or 0.0) + w.performance * (performance or 0.0)
             + sum(weights[name] * s.value for name, s in shaping.items() if s is not None)
         )
