@@ -59,15 +59,16 @@ def _eval(args, config) -> int:
     adapter_rank = _adapter_rank(Path(adapter)) if adapter else None
     # the libraries' and actors' logs (coderloo/console.py): next to the report, or in a new directory
     logs = Path(args.out).with_suffix(".logs") if args.out else Path(tempfile.mkdtemp(prefix="coderloo-eval-logs-"))
-    results, greedy = {}, {}
+    results, made = {}, {}
     with RunConsole(args.verbose) as console:
         console.log_to(logs)
-        with started(config, model, load_tokenizer(model), console, lora_rank=adapter_rank, adapter=adapter) as actors:
+        tokenizer = load_tokenizer(model)
+        with started(config, model, tokenizer, console, lora_rank=adapter_rank, adapter=adapter) as actors:
             for name, (tasks, stop) in suites.items():
                 start = time.monotonic()
-                greedy[name] = []
+                made[name] = []
                 metrics = evaluate(actors.strategy, tasks, config.eval, config.eval.max_new_tokens or config.rollout.max_new_tokens,
-                                   stop, seed=config.train.seed, label=name, single=actors.single, greedy_out=greedy[name])
+                                   stop, seed=config.train.seed, label=name, single=actors.single, out=made[name])
                 results[name] = {"tasks": len(tasks), **metrics, "time_s": round(time.monotonic() - start, 1)}
     report = {"model": model, **({"adapter": adapter} if adapter else {})}
     if sets:
@@ -75,7 +76,7 @@ def _eval(args, config) -> int:
     else:  # one set: its numbers at the top level
         report.update({"set": config.tasks.eval_set, **results[config.tasks.eval_set]})
     if args.samples:
-        write_greedy_samples(Path(args.samples), greedy)
+        write_samples(Path(args.samples), made, tokenizer)
     print(json.dumps(report, indent=2))
     print(results_table(results))
     if args.out:
@@ -84,19 +85,33 @@ def _eval(args, config) -> int:
     return 0
 
 
-def write_greedy_samples(path: Path, greedy: dict[str, list]) -> None:
-    """The greedy completions as JSONL, a line per task in EvalPlus's samples format (task_id,
-    solution: the program as it was run, without the tests) with the raw completion and verdict."""
+def write_samples(path: Path, made: dict[str, list], tokenizer) -> None:
+    """The evaluation's answers as JSONL, a line per trajectory (greedy: one per task; else each
+    sample) in EvalPlus's samples format (task_id, solution: the program as it was run, without the
+    tests) with the raw completion and verdict; with several turns, each turn's text and verdict and
+    what the policy read before it (the observation that extended its context)."""
     from reward_service.scorer import analyse
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as out:
-        for name, trajectories in greedy.items():
+        for name, trajectories in made.items():
             for t in trajectories:
                 completion = t.turns[-1].text
-                out.write(json.dumps({"set": name, "task_id": t.task.id, "solution": analyse(t.task, completion).program,
-                                      "completion": completion, "passed": t.outcome.passed,
-                                      "status": t.outcome.status.value, "truncated": t.turns[-1].truncated}) + "\n")
+                row = {"set": name, "task_id": t.task.id, "solution": analyse(t.task, completion).program,
+                       "completion": completion, "passed": t.outcome.passed,
+                       "status": t.outcome.status.value, "truncated": t.turns[-1].truncated}
+                if len(t.turns) > 1:
+                    row["turns"] = [{"read": _observation(before, turn, tokenizer) if before else None, "text": turn.text,
+                                     "passed": turn.reward.passed if turn.reward else None}
+                                    for before, turn in zip([None, *t.turns], t.turns)]
+                out.write(json.dumps(row) + "\n")
+
+
+def _observation(before, turn, tokenizer) -> str:
+    """What extended turn `before`'s context to `turn`'s ("" when `turn` starts afresh)."""
+    start = len(before.prompt_ids) + len(before.token_ids)
+    extends = turn.prompt_ids[:start] == before.prompt_ids + before.token_ids
+    return tokenizer.decode(turn.prompt_ids[start:]) if extends else ""
 
 
 def _suites(config, sets: list[str], after, data_dir: str | None) -> dict[str, tuple[list, list[str]]]:
@@ -330,8 +345,9 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the tasks published after this day, e.g. a model's cut-off (default: eval.after)")
     p.add_argument("--out", default=None, help="also write the JSON report to this file")
     p.add_argument("--overwrite", action="store_true", help="replace the report at --out if there is one")
-    p.add_argument("--samples", default=None, help="also write each task's greedy completion, the program run and its "
-                   "verdict to this JSONL file (EvalPlus's samples format: task_id, solution)")
+    p.add_argument("--samples", default=None, help="also write each task's greedy completion (without eval.greedy: each "
+                   "sample; with several turns, each turn), the program run and its verdict to this JSONL file "
+                   "(EvalPlus's samples format: task_id, solution)")
     p.add_argument("--verbose", action="store_true",
                    help="also show Ray's, its actors' and the libraries' logs on the terminal (they always go "
                    "to --out's name with .logs, or to a new directory the command names)")

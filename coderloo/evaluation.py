@@ -60,14 +60,14 @@ def pass_rate_by(tasks: list[Task], passed: np.ndarray, key: Callable[[Task], ob
 def evaluate(
     strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
     seed: int | None = None, critic: OnlineCritic | None = None, label: str = "eval", single: RolloutStrategy | None = None,
-    random_choice: RolloutStrategy | None = None, greedy_out: list[Trajectory] | None = None,
+    random_choice: RolloutStrategy | None = None, out: list[Trajectory] | None = None,
 ) -> dict[str, float | dict[str, float]]:
     """Held-out metrics of the trajectories `strategy` makes for `tasks`, judged by their outcomes:
     pass@k from `config.samples_per_task` samples each (with `config.sampled`), greedy pass@1
     (with `config.greedy`), and what the strategy measured of the sampled ones (multi-turn:
     pass@1 within 1..R attempts, pass@1_round1..R, never falling, round 1 the first attempts; turns
     and tool calls per trajectory). With `single` (a single-attempt strategy on the same policy,
-    for a multi-turn `strategy`), its pass@1 from as many samples with the same seed
+    for the interpreter; refinement's round 1 is its single attempt), its pass@1 from as many samples with the same seed
     (single_turn_pass@1), and greedy (single_turn_greedy_pass@1). With `random_choice` (for
     refinement whose critic chooses which failed attempts go on: the same refinement choosing at
     random), its pass@1 from as many samples with the same seed (pass@1_random_choice).
@@ -75,7 +75,8 @@ def evaluate(
     With a `critic`, pass@1 of its pick among each task's first `select_n` samples
     (pass@1_critic), of a uniformly random pick among the same ones (pass@1_random), of a majority
     vote among them (pass@1_vote) and of a vote weighted by the critic (pass@1_critic_vote).
-    With `greedy_out`, the greedy trajectories are appended to it, one per task.
+    With `out`, the greedy trajectories are appended to it, one per task, or without a greedy
+    evaluation the sampled ones, `samples_per_task` per task.
 
     And the pass rate by difficulty level (by_difficulty), by task family (by_family) and by kind
     of test (by_kind: assert, stdio, call) of the sampled evaluation's samples, or of the greedy
@@ -87,13 +88,14 @@ def evaluate(
     metrics: dict[str, float | dict[str, float]] = {}
     breakdown = None  # (tasks, samples) passed, for the pass rates by difficulty and family
     if config.sampled:
-        breakdown = _sampled(metrics, strategy, tasks, config, max_new_tokens, stop, seed, critic, label, single, random_choice)
+        breakdown = _sampled(metrics, strategy, tasks, config, max_new_tokens, stop, seed, critic, label, single, random_choice,
+                             None if config.greedy else out)
     if config.greedy:
         params = GenerationParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
         groups = _groups(strategy, tasks, params, None, f"{label}: greedy")
         greedy = np.array([[t.outcome.passed for t in group] for group in groups])
-        if greedy_out is not None:
-            greedy_out += [group[0] for group in groups]
+        if out is not None:
+            out += [group[0] for group in groups]
         metrics["greedy_pass@1"] = float(greedy.mean())
         breakdown = greedy if breakdown is None else breakdown
         if single is not None:
@@ -106,12 +108,15 @@ def evaluate(
 
 def _sampled(metrics: dict, strategy: RolloutStrategy, tasks: list[Task], config: EvalConfig, max_new_tokens: int, stop: list[str],
              seed: int | None, critic: OnlineCritic | None, label: str, single: RolloutStrategy | None,
-             random_choice: RolloutStrategy | None) -> np.ndarray:
-    """The sampled evaluation's metrics into `metrics` (see `evaluate`); its samples passed, a row per task."""
+             random_choice: RolloutStrategy | None, out: list[Trajectory] | None) -> np.ndarray:
+    """The sampled evaluation's metrics into `metrics` (see `evaluate`), its trajectories onto `out`;
+    its samples passed, a row per task."""
     n = config.samples_per_task
     params = GenerationParams(n=n, max_new_tokens=max_new_tokens, temperature=config.temperature, stop=stop)
     with tqdm(total=len(tasks), desc=f"{label}: {n} samples", unit="task", leave=False, position=0, dynamic_ncols=True) as bar:
         rollouts = strategy.run(tasks, params, seed, bar.update)
+    if out is not None:
+        out += rollouts.trajectories()
     metrics.update({key: value for key, value in rollouts.metrics.items()
                     if key.startswith("pass@") or key in ("turns_mean", "tool_calls_mean")})
     passed = np.array([[t.outcome.passed for t in group] for group in rollouts.groups])
