@@ -36,7 +36,7 @@ from rollout_workers import GenerationParams, RolloutGroup, RolloutWorker
 from rollout_workers.config import PromptConfig
 from rollout_workers.prompts import answered_task, render
 from sandbox_pool import Status
-from tests.rounding import UNIT_ROUNDOFF, reduction_length
+from tests.rounding import margin_bound, reduction_length
 
 DATA = (REPO_ROOT / EvalConfig().data_dir).resolve()
 
@@ -103,7 +103,7 @@ def with_transformers(lm, prompt_ids, vllm_ids, max_new_tokens: int, ends: set[i
             a, b = choice[at], theirs[at]
             margin = float(logits[at, a] - logits[at, b])
             n = reduction_length(lm.config, len(prompt) + at)
-            bound = 2 * n * UNIT_ROUNDOFF * float(hidden[at].norm()) * float(rows[a].norm() + rows[b].norm())
+            bound = margin_bound(2, n, hidden[at], rows[a], rows[b])
             out.append(theirs[:at] + generate_batch(lm, [prompt + theirs[:at]], max_new_tokens - at, ends)[0])
             partings.append((at, margin, bound))
         if (i + 1) % 16 == 0:

@@ -36,6 +36,13 @@ def reduction_length(config, context: int, lora_rank: int = 0) -> int:
     return config.num_hidden_layers * layer + hidden
 
 
+def margin_bound(paths: int, reductions: int, hidden: torch.Tensor, row_a: torch.Tensor, row_b: torch.Tensor) -> float:
+    """The most rounding can move the margin between two logits, h . w_a - h . w_b, when `paths`
+    float32 computations of it (each along `reductions` terms in all) may each be anywhere within
+    their error: paths * N * u * |h| * (|w_a| + |w_b|)."""
+    return paths * reductions * UNIT_ROUNDOFF * float(hidden.norm()) * float(row_a.norm() + row_b.norm())
+
+
 @dataclass
 class Agreement:
     compared: int = 0  # tokens both paths chose alike before any parting
@@ -63,8 +70,7 @@ def compare_greedy(model, prompt_ids: list[list[int]], expected: list[list[int]]
         a, b = want[same], have[same]
         margin = float(logits[a] - logits[b])
         n = reduction_length(model.config, len(prompt) + same, lora_rank)
-        # the two paths' errors on the margin and the reference's own
-        bound = 3 * n * UNIT_ROUNDOFF * float(h.norm()) * float(out_rows[a].norm() + out_rows[b].norm())
+        bound = margin_bound(3, n, h, out_rows[a], out_rows[b])  # the two paths' errors on the margin and the reference's own
         assert margin <= bound, (f"{what}: prompt {index}, token {same}: {b} where the reference chose {a} by a "
                                  f"margin of {margin:.3g} in its logits, beyond float32 rounding ({bound:.3g})")
         seen.near_ties.append((index, same, margin, bound))
