@@ -25,23 +25,60 @@ What each side computes per batch of 64 samples:
   it after generation, a no-gradient forward computes the old logprobs (always, in RLOOTrainer
   1.16), then a forward and backward and an optimizer step per `steps_per_generation` slice. Its
   batch time is the sum of its optimizer steps' (a TrainerCallback), generation falling in the first.
+
+    python -m bench.bench_trl real   # the catalogue's Qwen2.5-Coder-0.5B-Instruct, 1 optimizer step
+
+The same comparison on real weights (`coderloo model fetch qwen2.5-coder-0.5b-instruct`), from
+configs/real-0.5b.yaml: MBPP's train split, each prompt rendered with the model's chat template
+(TRL is given the rendered text, so both sides sample from the same token ids), PROMPTS x K
+samples of up to REAL_MAX_NEW_TOKENS, its learning rate and the learner's resolved dtype on both
+sides (float32 where bf16 would be emulated). Both learners recompute activations (gradient
+checkpointing) and go through a batch in micro-batches: coderloo's of
+learner.max_tokens_per_micro_batch tokens, TRL's of REAL_MICRO_BATCH sequences, its gradients
+accumulated to the same optimizer steps. Sized for about half an hour on 2 cores
+(BENCH_TRL_STEPS=3 batches, one run each unless BENCH_TRL_REPEATS says more).
 """
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.plots import alternating, comparison, medians
 
-STEPS = int(os.environ.get("BENCH_TRL_STEPS", "8"))
+STEPS = int(os.environ.get("BENCH_TRL_STEPS", "3" if sys.argv[1:] == ["real"] else "8"))
 REPEATS = int(os.environ.get("BENCH_TRL_REPEATS", "3"))
 OPTIMIZER_STEPS = [int(n) for n in os.environ.get("BENCH_TRL_OPTIMIZER_STEPS", "1 2").split()]
 PROMPTS_PER_STEP = 8
 K = 8
 MAX_NEW_TOKENS = 48
 LR = 2e-4
+REAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+REAL_MAX_NEW_TOKENS = 256  # MBPP's answers are a few dozen lines; half an hour holds 3 batches of 16 at this length
+REAL_MICRO_BATCH = 4  # sequences per TRL micro-batch: about coderloo's 2,048 tokens of ~400-token sequences
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What both sides train: the config they start from (and its task set), the batch, the
+    lengths, the learning rate, and TRL's micro-batch (None: the whole slice of a batch at once)."""
+
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    prompts: int = PROMPTS_PER_STEP
+    k: int = K
+    max_new_tokens: int = MAX_NEW_TOKENS
+    lr: float = LR
+    micro_batch: int | None = None
+    checkpointing: bool = False
+
+
+TINY = Setting("configs/default.yaml")
+REAL = Setting("configs/real-0.5b.yaml", ["tasks.max_eval_tasks=1"], prompts=4, k=4, max_new_tokens=REAL_MAX_NEW_TOKENS,
+               lr=1e-6, micro_batch=REAL_MICRO_BATCH, checkpointing=True)
 
 
 def warm_start(out: Path) -> Path:
@@ -56,18 +93,19 @@ def warm_start(out: Path) -> Path:
     return out / "sft" / "checkpoints" / "final"
 
 
-def run_coderloo(model: Path, out: Path, optimizer_steps: int) -> dict:
+def run_coderloo(model: Path, out: Path, optimizer_steps: int, setting: Setting = TINY) -> dict:
     from coderloo.config import load_config
     from coderloo.controller import train
     from coderloo.metrics import read_metrics
 
-    config = load_config("configs/default.yaml", [
+    config = load_config(setting.config, [
         f"model.path={model}", "model.build_tiny=false", f"train.output_dir={out}", "sft.steps=0",
-        f"train.steps={STEPS}", f"train.prompts_per_step={PROMPTS_PER_STEP}", "train.eval_every=0",
-        "train.checkpoint_every=0", f"rollout.samples_per_prompt={K}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
-        f"learner.lr={LR}", f"learner.optimizer_steps={optimizer_steps}", "learner.advantage.filter_uninformative=false",
-        "rollout.stop=[]",  # TRL's generation has no stop strings: both stop at EOS or MAX_NEW_TOKENS
-        "tasks.max_eval_tasks=1", "eval.samples_per_task=1", "eval.k=[1]", "eval.greedy=false",
+        f"train.steps={STEPS}", f"train.prompts_per_step={setting.prompts}", "train.eval_every=0",
+        "train.checkpoint_every=0", f"rollout.samples_per_prompt={setting.k}", f"rollout.max_new_tokens={setting.max_new_tokens}",
+        f"learner.lr={setting.lr}", f"learner.optimizer_steps={optimizer_steps}", "learner.advantage.filter_uninformative=false",
+        "rollout.stop=[]",  # TRL's generation has no stop strings: both stop at EOS or the length
+        "tasks.max_eval_tasks=1", "eval.samples_per_task=1", "eval.k=[1]", "eval.greedy=false", "eval.sampled=true",
+        *setting.overrides,
     ])
     train(config)
     rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "rl"]
@@ -82,7 +120,7 @@ def _rates(samples: list[int], seconds: list[float]) -> dict:
             "samples_per_s_after_first": sum(samples[1:]) / sum(seconds[1:])}
 
 
-def run_trl(model: Path, out: Path, optimizer_steps: int) -> dict:
+def run_trl(model: Path, out: Path, optimizer_steps: int, setting: Setting = TINY) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
@@ -90,12 +128,17 @@ def run_trl(model: Path, out: Path, optimizer_steps: int) -> dict:
 
     from coderloo.config import load_config
     from coderloo.runtime import init_ray
-    from coderloo.tasksets.synthetic import synthetic_suite
+    from coderloo.tasksets.loading import load_tasks
     from reward_service.client import RewardClient
+    from rollout_workers.prompts import answered_task, render
 
-    tasks = synthetic_suite()["train"]
+    config = load_config(setting.config, [f"model.path={model}", "model.build_tiny=false", *setting.overrides])
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    # as coderloo's rollout renders them (a chat template or the prompt as it is) and scores the answers
+    train = load_tasks(config.tasks)[0]
+    tasks = [answered_task(t, tokenizer, config.prompt) for t in train]
+    prompts = [render(t, tokenizer, config.prompt) for t in train]
     by_id = {t.id: t for t in tasks}
-    config = load_config("configs/default.yaml")
     init_ray(address=config.ray_address)
     client = RewardClient(config.reward)
     rewards_seen = []
@@ -117,19 +160,23 @@ def run_trl(model: Path, out: Path, optimizer_steps: int) -> dict:
 
     torch.set_num_threads(config.learner.threads)
     timer = StepTimer()
+    batch = setting.prompts * setting.k
+    micro = setting.micro_batch or batch // optimizer_steps
+    bf16 = config.learner.dtype == "bfloat16"  # the learner's resolved dtype: the same arithmetic on both sides
     args = RLOOConfig(
-        output_dir=str(out), num_generations=K, per_device_train_batch_size=PROMPTS_PER_STEP * K // optimizer_steps,
-        steps_per_generation=optimizer_steps, gradient_accumulation_steps=1, max_completion_length=MAX_NEW_TOKENS,
-        max_steps=STEPS * optimizer_steps, learning_rate=LR,
-        beta=0.0, temperature=1.0, bf16=False, use_cpu=True, report_to="none", save_strategy="no", seed=0,
+        output_dir=str(out), num_generations=setting.k, per_device_train_batch_size=micro,
+        steps_per_generation=batch // micro, gradient_accumulation_steps=batch // micro // optimizer_steps,
+        max_completion_length=setting.max_new_tokens, max_steps=STEPS * optimizer_steps, learning_rate=setting.lr,
+        gradient_checkpointing=setting.checkpointing,
+        beta=0.0, temperature=1.0, bf16=bf16, use_cpu=True, report_to="none", save_strategy="no", seed=0,
         logging_steps=1, disable_tqdm=True,
     )
     trainer = RLOOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model),
+        model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if bf16 else torch.float32),
         reward_funcs=sandbox_reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": [t.prompt for t in tasks], "task_id": [t.id for t in tasks]}),
-        processing_class=AutoTokenizer.from_pretrained(model),
+        train_dataset=Dataset.from_dict({"prompt": prompts, "task_id": [t.id for t in tasks]}),
+        processing_class=tokenizer,
         callbacks=[timer],
     )
     trainer.remove_callback(PrinterCallback)  # its per-step dicts would fill the report
@@ -138,7 +185,7 @@ def run_trl(model: Path, out: Path, optimizer_steps: int) -> dict:
     finally:
         client.close()
     batches = [sum(timer.seconds[i:i + optimizer_steps]) for i in range(0, len(timer.seconds), optimizer_steps)]
-    return _rates([PROMPTS_PER_STEP * K] * len(batches), batches) | {
+    return _rates([batch] * len(batches), batches) | {
         "mean_reward": sum(rewards_seen) / len(rewards_seen)}
 
 
@@ -172,5 +219,30 @@ def main() -> list[dict]:
     return figures
 
 
+def real_main() -> list[dict]:
+    """coderloo against TRL's RLOOTrainer on the catalogue's 0.5B (see the module's docstring)."""
+    from coderloo.model_import import fetch
+    from coderloo.runtime import apply_env_defaults
+
+    apply_env_defaults()
+    root = Path(tempfile.mkdtemp(prefix="bench-trl-real-"))
+    model = fetch(REAL_MODEL)
+    repeats = int(os.environ.get("BENCH_TRL_REPEATS", "1"))
+    runs = alternating(repeats, {"coderloo": lambda i: run_coderloo(model, root / f"coderloo-{i}", 1, REAL),
+                                 "trl": lambda i: run_trl(model, root / f"trl-{i}", 1, REAL)})
+    median = medians(runs)
+    print(f"RL training at 1 optimizer step per batch, {REAL_MODEL}, {STEPS} batches of {REAL.prompts} MBPP train "
+          f"prompts x {REAL.k} samples, up to {REAL.max_new_tokens} new tokens, lr {REAL.lr:g}, rewards from the same "
+          f"sandboxed reward service; medians of {repeats} run(s) each")
+    for name, m in median.items():
+        print(f"  {name:8s} {m['samples_per_s']:7.3f} samples/s  ({m['seconds']:.0f} s for {m['samples']} samples; "
+              f"{m['samples_per_s_after_first']:.3f} without the first batch)  mean reward {m['mean_reward']:.3f}")
+    for key, label in (("samples_per_s", "overall"), ("samples_per_s_after_first", "without the first batch")):
+        print(f"  coderloo / TRL RLOOTrainer, {label}: {median['coderloo'][key] / median['trl'][key]:.2f}x")
+    return [comparison(f"RL training, {REAL_MODEL}, 1 optimizer step per batch, {STEPS} batches", "samples/s", "coderloo",
+                       {"coderloo": median["coderloo"]["samples_per_s"], "TRL RLOOTrainer": median["trl"]["samples_per_s"]},
+                       key="trl, real 0.5b")]
+
+
 if __name__ == "__main__":
-    main()
+    real_main() if sys.argv[1:] == ["real"] else main()

@@ -43,6 +43,7 @@ BENCHMARKS = {
     "scale": "bench.bench_scale",
     "graders": "bench.bench_graders",
     "real_models": "bench.bench_real_models",
+    "real_rl": "bench.bench_real_rl",
 }
 RESULTS_DIR = Path(__file__).resolve().parent
 

@@ -1,0 +1,140 @@
+"""RL that lifts a real model (issue 63): held-out pass@1 of the catalogue's Qwen2.5-Coder-0.5B-Instruct
+before and after RLOO on MBPP's train split, by run.
+
+    python -m bench.bench_real_rl base        # the base model's held-out figures (once per size of evaluation)
+    python -m bench.bench_real_rl full-0      # one run: train, then evaluate its final checkpoint
+    python -m bench.bench_real_rl table       # the runs recorded so far, each against the base
+
+A run takes most of an hour on 2 cores, so the runs of one comparison span sessions: each appends
+its record (its settings, the commit, its times and held-out figures) to bench/real_rl.jsonl, which
+is committed as it lands; `table` reads that file. The runs (RUNS): full fine-tuning with seeds 0
+and 1 (the seeds' spread), the same run with every reward 0 (reward.weights.constant: no learning
+signal, so its "gain" is the evaluation's drift), and LoRA with seed 0. Each trains
+configs/real-0.5b.yaml for STEPS steps of PROMPTS prompts x K samples (groups of equal rewards kept,
+so that the control trains as the others do), then `coderloo eval` judges its final checkpoint
+greedily on the first EVAL_TASKS tasks of MBPP+ and of HumanEval+, every test deciding (EvalPlus's
+base and plus inputs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.plots import comparison
+
+MODEL = "qwen2.5-coder-0.5b-instruct"
+CONFIG = "configs/real-0.5b.yaml"
+RECORDS = Path(__file__).parent / "real_rl.jsonl"
+OUT = Path(os.environ.get("BENCH_REAL_RL_DIR", "runs/bench-real-rl"))
+STEPS = int(os.environ.get("BENCH_REAL_RL_STEPS", "10"))
+PROMPTS = int(os.environ.get("BENCH_REAL_RL_PROMPTS", "4"))
+K = int(os.environ.get("BENCH_REAL_RL_K", "4"))
+LR = os.environ.get("BENCH_REAL_RL_LR", "1e-6")
+LORA_LR = os.environ.get("BENCH_REAL_RL_LORA_LR", "2e-5")  # an adapter starts at zero: LoRA's usual 10x and more
+EVAL_TASKS = int(os.environ.get("BENCH_REAL_RL_EVAL_TASKS", "100"))
+SETS = "mbpp+,humaneval+"
+RUNS = {
+    "full-0": ["train.seed=0"],
+    "full-1": ["train.seed=1"],
+    "constant-0": ["train.seed=0", "reward.weights.constant=true"],
+    "lora-0": ["train.seed=0", "learner.lora.rank=16", "learner.lora.alpha=32", "learner.lora.sync=adapter",
+               "learner.lora.start=rl", f"learner.lr={LORA_LR}"],
+}
+
+
+def _coderloo(args: list[str], log: Path) -> float:
+    """Run `coderloo ARGS` with its output in `log`; its wall time. A failed run stops the bench."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log, "w") as out:
+        rc = subprocess.call([sys.executable, "-m", "coderloo.cli", *args], stdout=out, stderr=subprocess.STDOUT)
+    if rc:
+        raise SystemExit(f"coderloo {' '.join(args[:1])} failed ({rc}): see {log}")
+    return time.monotonic() - start
+
+
+def evaluate(model: Path, out: Path, adapter: Path | None = None) -> dict:
+    """Greedy pass@1 on the first EVAL_TASKS of each set, and the evaluation's time."""
+    report = out / "eval.json"
+    seconds = _coderloo(["eval", "--config", CONFIG, "--model", str(model), *(["--adapter", str(adapter)] if adapter else []),
+                         "--sets", SETS, "--out", str(report), "--overwrite", "--samples", str(out / "eval-samples.jsonl"),
+                         f"tasks.max_eval_tasks={EVAL_TASKS}", "eval.greedy=true", "eval.sampled=false"], out / "eval.log")
+    sets = json.loads(report.read_text())["sets"]
+    return {"eval_s": round(seconds), **{name: r["greedy_pass@1"] for name, r in sets.items()}}
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def _record(row: dict) -> None:
+    with open(RECORDS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row))
+
+
+def base() -> None:
+    from coderloo.model_import import fetch
+
+    figures = evaluate(fetch(MODEL), OUT / "base")
+    _record({"run": "base", "commit": _commit(), "eval_tasks": EVAL_TASKS, **figures})
+
+
+def run(name: str) -> None:
+    from coderloo.model_import import fetch
+
+    out = OUT / name
+    overrides = [f"model.path={fetch(MODEL)}", f"train.output_dir={out}", f"train.steps={STEPS}",
+                 f"train.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={K}", f"learner.lr={LR}",
+                 "learner.advantage.filter_uninformative=false", "train.eval_every=0", "train.checkpoint_every=0",
+                 "tasks.max_eval_tasks=1", "train.resources_every=1", *RUNS[name]]
+    train_s = _coderloo(["train", "--config", CONFIG, *overrides], out.with_suffix(".train.log"))
+    final = out / "checkpoints" / "final"
+    lora = any(o.startswith("learner.lora.") for o in RUNS[name])
+    figures = evaluate(fetch(MODEL) if lora else final, out, final / "adapter" if lora else None)
+    rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rl if r.get("phase") == "rl"]
+    _record({"run": name, "commit": _commit(), "overrides": overrides[1:], "eval_tasks": EVAL_TASKS, "train_s": round(train_s),
+             "samples": sum(r["samples"] for r in rl), "pass_rate_by_step": [round(r["pass_rate"], 4) for r in rl],
+             **figures})
+
+
+def table() -> list[dict]:
+    rows = [json.loads(line) for line in RECORDS.read_text().splitlines()] if RECORDS.exists() else []
+    bases = {r["eval_tasks"]: r for r in rows if r["run"] == "base"}
+    sets = SETS.split(",")
+    print(f"held-out greedy pass@1, {MODEL}, first N tasks of each set, every test deciding; gain over the base")
+    print("| run | commit | N | " + " | ".join(f"{s} | gain" for s in sets) + " | train | eval |")
+    print("|---|---|---|" + "---|---|" * len(sets) + "---|---|")
+    figures = []
+    for r in rows:
+        b = bases.get(r["eval_tasks"])
+        cells = [f"{100 * r[s]:.1f}% | " + ("-" if r["run"] == "base" or b is None else f"{100 * (r[s] - b[s]):+.1f}") for s in sets]
+        print(f"| {r['run']} | {r['commit']} | {r['eval_tasks']} | " + " | ".join(cells) +
+              f" | {r.get('train_s', 0) / 60:.0f} min | {r['eval_s'] / 60:.0f} min |")
+    for s in sets:
+        latest = {r["run"]: 100 * r[s] for r in rows}  # a run recorded twice: its latest
+        if "base" in latest and len(latest) > 1:
+            figures.append(comparison(f"held-out greedy pass@1 on {s}, {MODEL}, before and after RL", "%", "base", latest,
+                                      key=f"real_rl, {s}"))
+    return figures
+
+
+def main() -> list[dict]:
+    """`make bench`'s part: the table of the runs recorded so far (each run is its own command)."""
+    return table()
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if sys.argv[1:] else "table"
+    if what == "base":
+        base()
+    elif what in RUNS:
+        run(what)
+    elif what != "table":
+        raise SystemExit(f"bench_real_rl: {what!r}: base, table or one of the runs {', '.join(RUNS)}")
+    table()
