@@ -20,6 +20,7 @@ from coderloo.tasksets import evalplus_oracle as oracle
 from coderloo.runtime import USER_CACHE
 from coderloo.tasksets.evalplus import CODE_DIGEST, file_sha256, left_out, load_evalplus, time_limit
 from coderloo.tasksets.evalsets import EVAL_SETS, load_eval_set
+from reward_service.scorer import FEEDBACK_PART_CHARS
 from reward_service.tasks import Task, TaskFileError
 
 FULL = os.environ.get("CODERLOO_EVALPLUS_FULL") == "1"
@@ -54,7 +55,7 @@ def test_codec_round_trips_the_values_tasks_use():
 def test_exact_match_and_float_tolerance():
     check = _oracle("humaneval", "f", [([1], 2), ([2], [1.0, 2.0])])
     check(lambda x: 2, 0)
-    with pytest.raises(AssertionError, match="input 0"):
+    with pytest.raises(AssertionError, match=r"^input 0: f\(1\) returned 3, expected 2$"):
         check(lambda x: 3, 0)
     # a float expectation gets atol 1e-6 (and rtol 1e-7), of the same type and length only
     check(lambda x: [1.0 + 5e-7, 2.0], 1)
@@ -64,6 +65,19 @@ def test_exact_match_and_float_tolerance():
         check(lambda x: (1.0, 2.0), 1)
     with pytest.raises(AssertionError):
         check(lambda x: [1.0, 2.0, 3.0], 1)
+
+
+def test_a_failed_check_names_the_call_and_both_values_within_a_feedback_line():
+    long = list(range(1000))
+    check = _oracle("mbpp", "f", [([long, "x" * 500], long)])
+    with pytest.raises(AssertionError) as failed:
+        check(lambda a, b: None, 0)
+    said = str(failed.value)
+    assert said.startswith("input 0: f([0, 1, 2,") and "returned None, expected [0, 1, 2," in said
+    assert len("AssertionError: " + said) <= FEEDBACK_PART_CHARS  # the feedback's line keeps the whole message
+    check = _oracle("mbpp", "check_str", [(["annie"], True)])  # only whether the canonical output was None
+    with pytest.raises(AssertionError, match=r"check_str\('annie'\) returned None, expected a value other than None$"):
+        check(lambda s: None, 0)
 
 
 def test_evalplus_time_limit_of_an_input():

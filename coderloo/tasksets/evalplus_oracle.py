@@ -173,7 +173,8 @@ def _mbpp_match(entry_point, inp, out, exp):
 
 
 def check(fn, i):
-    """Call the program's function on input i and compare as EvalPlus does; raises AssertionError if it differs."""
+    """Call the program's function on input i and compare as EvalPlus does; raises AssertionError if it
+    differs, naming the call, the value returned and the value expected."""
     inp, exp = _task["cases"][i]
     if i == 0 or i == _task["num_base"]:  # EvalPlus checks base and plus inputs in two separate loops
         _task["group_atol"] = _task["atol"]
@@ -192,7 +193,20 @@ def check(fn, i):
     else:
         ok = bool(exact_match)
     if not ok:
-        raise AssertionError(f"input {i}: wrong output")
+        # What a programmer's own assert would say: the call, what it returned and what was expected.
+        not_none = dataset == "mbpp" and entry_point in MBPP_OUTPUT_NOT_NONE  # exp: was the canonical output not None
+        wanted = ("a value other than None" if exp else "None") if not_none else _shown(repr(exp))
+        arguments = _shown(", ".join(map(repr, inp)), 2 * SHOWN_CHARS)
+        raise AssertionError(f"input {i}: {entry_point}({arguments}) returned {_shown(repr(out))}, expected {wanted}")
+
+
+# The characters of each value in a failed check's message, so that the message fits the 200 of a
+# feedback line (reward_service/scorer.py) with the call and both values (an input can be megabytes).
+SHOWN_CHARS = 30
+
+
+def _shown(text, chars=SHOWN_CHARS):
+    return text if len(text) <= chars else text[:chars - 3] + "..."
 
 
 # ---- expected outputs of canonical solutions (run as a script) ----
