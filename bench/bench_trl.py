@@ -49,7 +49,6 @@ from pathlib import Path
 
 from bench.plots import alternating, comparison, medians
 
-STEPS = int(os.environ.get("BENCH_TRL_STEPS", "3" if sys.argv[1:] == ["real"] else "8"))
 REPEATS = int(os.environ.get("BENCH_TRL_REPEATS", "3"))
 OPTIMIZER_STEPS = [int(n) for n in os.environ.get("BENCH_TRL_OPTIMIZER_STEPS", "1 2").split()]
 PROMPTS_PER_STEP = 8
@@ -74,11 +73,16 @@ class Setting:
     lr: float = LR
     micro_batch: int | None = None
     checkpointing: bool = False
+    batches: int = 8  # BENCH_TRL_STEPS overrides it
+
+    @property
+    def steps(self) -> int:
+        return int(os.environ.get("BENCH_TRL_STEPS", self.batches))
 
 
 TINY = Setting("configs/default.yaml")
 REAL = Setting("configs/real-0.5b.yaml", ["tasks.max_eval_tasks=1"], prompts=4, k=4, max_new_tokens=REAL_MAX_NEW_TOKENS,
-               lr=1e-6, micro_batch=REAL_MICRO_BATCH, checkpointing=True)
+               lr=1e-6, micro_batch=REAL_MICRO_BATCH, checkpointing=True, batches=3)
 
 
 def warm_start(out: Path) -> Path:
@@ -100,7 +104,7 @@ def run_coderloo(model: Path, out: Path, optimizer_steps: int, setting: Setting 
 
     config = load_config(setting.config, [
         f"model.path={model}", "model.build_tiny=false", f"train.output_dir={out}", "sft.steps=0",
-        f"train.steps={STEPS}", f"train.prompts_per_step={setting.prompts}", "train.eval_every=0",
+        f"train.steps={setting.steps}", f"train.prompts_per_step={setting.prompts}", "train.eval_every=0",
         "train.checkpoint_every=0", f"rollout.samples_per_prompt={setting.k}", f"rollout.max_new_tokens={setting.max_new_tokens}",
         f"learner.lr={setting.lr}", f"learner.optimizer_steps={optimizer_steps}", "learner.advantage.filter_uninformative=false",
         "rollout.stop=[]",  # TRL's generation has no stop strings: both stop at EOS or the length
@@ -166,7 +170,7 @@ def run_trl(model: Path, out: Path, optimizer_steps: int, setting: Setting = TIN
     args = RLOOConfig(
         output_dir=str(out), num_generations=setting.k, per_device_train_batch_size=micro,
         steps_per_generation=batch // micro, gradient_accumulation_steps=batch // micro // optimizer_steps,
-        max_completion_length=setting.max_new_tokens, max_steps=STEPS * optimizer_steps, learning_rate=setting.lr,
+        max_completion_length=setting.max_new_tokens, max_steps=setting.steps * optimizer_steps, learning_rate=setting.lr,
         gradient_checkpointing=setting.checkpointing,
         beta=0.0, temperature=1.0, bf16=bf16, use_cpu=True, report_to="none", save_strategy="no", seed=0,
         logging_steps=1, disable_tqdm=True,
@@ -201,7 +205,7 @@ def main() -> list[dict]:
                                      "trl": lambda i: run_trl(model, root / f"trl-{n}-{i}", n)})
         median = medians(runs)
         default = " (coderloo's default)" if n == 2 else ""
-        print(f"RL training at {n} optimizer step(s) per batch{default}, tiny model after SFT, {STEPS} batches of "
+        print(f"RL training at {n} optimizer step(s) per batch{default}, tiny model after SFT, {TINY.steps} batches of "
               f"{PROMPTS_PER_STEP} prompts x {K} samples, {MAX_NEW_TOKENS} new tokens, rewards from the same sandboxed "
               f"reward service; medians of {REPEATS} runs each")
         for name, m in median.items():
@@ -212,7 +216,7 @@ def main() -> list[dict]:
             pairs = [c[key] / t[key] for c, t in zip(runs["coderloo"], runs["trl"])]
             print(f"  coderloo / TRL RLOOTrainer, {label}: {median['coderloo'][key] / median['trl'][key]:.2f}x "
                   f"(per pair of runs: {', '.join(f'{r:.2f}x' for r in pairs)})")
-        figures.append(comparison(f"RL training, tiny model, {n} optimizer step(s) per batch, {STEPS} batches, median of {REPEATS}",
+        figures.append(comparison(f"RL training, tiny model, {n} optimizer step(s) per batch, {TINY.steps} batches, median of {REPEATS}",
                                   "samples/s", "coderloo",
                                   {"coderloo": median["coderloo"]["samples_per_s"], "TRL RLOOTrainer": median["trl"]["samples_per_s"]},
                                   key=f"trl, {n} optimizer steps"))
@@ -231,7 +235,7 @@ def real_main() -> list[dict]:
     runs = alternating(repeats, {"coderloo": lambda i: run_coderloo(model, root / f"coderloo-{i}", 1, REAL),
                                  "trl": lambda i: run_trl(model, root / f"trl-{i}", 1, REAL)})
     median = medians(runs)
-    print(f"RL training at 1 optimizer step per batch, {REAL_MODEL}, {STEPS} batches of {REAL.prompts} MBPP train "
+    print(f"RL training at 1 optimizer step per batch, {REAL_MODEL}, {REAL.steps} batches of {REAL.prompts} MBPP train "
           f"prompts x {REAL.k} samples, up to {REAL.max_new_tokens} new tokens, lr {REAL.lr:g}, rewards from the same "
           f"sandboxed reward service; medians of {repeats} run(s) each")
     for name, m in median.items():
@@ -239,7 +243,7 @@ def real_main() -> list[dict]:
               f"{m['samples_per_s_after_first']:.3f} without the first batch)  mean reward {m['mean_reward']:.3f}")
     for key, label in (("samples_per_s", "overall"), ("samples_per_s_after_first", "without the first batch")):
         print(f"  coderloo / TRL RLOOTrainer, {label}: {median['coderloo'][key] / median['trl'][key]:.2f}x")
-    return [comparison(f"RL training, {REAL_MODEL}, 1 optimizer step per batch, {STEPS} batches", "samples/s", "coderloo",
+    return [comparison(f"RL training, {REAL_MODEL}, 1 optimizer step per batch, {REAL.steps} batches", "samples/s", "coderloo",
                        {"coderloo": median["coderloo"]["samples_per_s"], "TRL RLOOTrainer": median["trl"]["samples_per_s"]},
                        key="trl, real 0.5b")]
 

@@ -99,7 +99,7 @@ class Refine(_Base):
         if self.config.go_on == "shown":  # what the policy could know: an attempt that passes the shown tests is the answer
             examples = self._on_shown(live, [i for i in again if live[i].task.public_tests])
             again = [i for i in examples if not examples[i].passed]
-        if choose is not None:  # before the runs for feedback: an attempt left out ends here
+        if choose is not None:  # an attempt left out ends here (under go_on verdict, before its run on the shown tests)
             again = choose(again)
         if self.config.go_on == "verdict":
             examples = self._on_shown(live, [i for i in again if live[i].task.public_tests])
