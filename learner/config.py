@@ -495,6 +495,12 @@ class CriticConfig(Section):
         "warm-up stands in for that model's training); model: the model's path as it is. Without SFT steps, "
         "the model's path either way.",
     )
+    backbone: Literal["train", "frozen"] = Field(
+        default="train",
+        description="train: the backbone is fine-tuned with the head, as CodeRL's critic is; frozen: only the head "
+        "trains, on features each program gets once (a forward pass without gradients, kept): a real model's "
+        "critic on a CPU, where a forward and backward per program and optimizer step would not fit a run.",
+    )
     rank_coef: float = Field(
         default=0.0, ge=0, description="Weight of a ranking loss within each task's group of k (a better outcome "
         "scores higher than a worse one of the same prompt) next to the outcome classes' cross-entropy; 0: the "

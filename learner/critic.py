@@ -2,13 +2,13 @@
 
 The critic is a model of its own, as CodeRL's is: a transformer backbone (the policy after its SFT
 warm-up, or the model's path: critic.start; it reads code with the policy's tokenizer and its
-features) and a linear head over four outcome classes, fine-tuned whole on the samples the
-sandbox scores, in one CPU actor: cross-entropy on the classes and, with rank_coef, a ranking
-loss within each task's group of k (a better outcome should score higher than a worse one of the
-same prompt), since cross-entropy alone can learn which tasks pass without telling a task's own
-samples apart. Not a head on the policy's hidden states: the policy's weights then serve the RL
-objective alone, the critic trains while the learner does instead of in its step, and a run
-without a critic is unchanged.
+features) and a linear head over four outcome classes, fine-tuned whole (critic.backbone train;
+frozen: the head alone, on features each program gets once) on the samples the sandbox scores, in
+one CPU actor: cross-entropy on the classes and, with rank_coef, a ranking loss within each task's
+group of k (a better outcome should score higher than a worse one of the same prompt), since cross-
+entropy alone can learn which tasks pass without telling a task's own samples apart. Not a head on
+the policy's hidden states: the policy's weights then serve the RL objective alone, the critic
+trains while the learner does instead of in its step, and a run without a critic is unchanged.
 
 Its features: the mean of the backbone's last hidden states at the completion's positions. Under
 causal attention the prompt's positions never see the completion, and they are the same for all
@@ -72,12 +72,22 @@ class Critic:
         self.start_from(model_path)
 
     def _logits(self, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+        if self.config.backbone == "train":
+            return self.head(self._features(pairs))
+        missing = list(dict.fromkeys(key for key in map(_key, pairs) if key not in self.features))
+        with torch.no_grad():  # a frozen backbone's features never change: each program's are computed once
+            for i in range(0, len(missing), self.config.batch_size):
+                chunk = missing[i : i + self.config.batch_size]
+                self.features.update(zip(chunk, self._features([(list(p), list(c)) for p, c in chunk])))
+        return self.head(torch.stack([self.features[_key(pair)] for pair in pairs]))
+
+    def _features(self, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
         batch = pack([TrainSequence(p, c) for p, c in pairs], self.pad_id, packed=False)  # a row each: pooled per row
         hidden = self.backbone(**batch.model_inputs()).last_hidden_state
         # completion_mask marks the positions that predict completion tokens; one to the right
         # are the completion tokens themselves. An empty completion pools to zeros (the bias alone).
         mask = F.pad(batch.completion_mask, (1, 0)).unsqueeze(-1)
-        return self.head((hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1))
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
     def train_step(self, examples: list[tuple[list[int], list[int], int, str]]) -> dict[str, float]:
         """`config.steps_per_rl_step` optimizer steps on batches of (prompt ids, completion ids,
@@ -88,7 +98,7 @@ class Critic:
         groups: dict[str, list] = {}
         for example in examples:
             groups.setdefault(example[3], []).append(example)
-        self.backbone.train()
+        self.backbone.train(self.config.backbone == "train")  # a frozen one's features as predict computes them
         losses, ranks = [], []
         for _ in range(self.config.steps_per_rl_step):
             batch = []
@@ -114,8 +124,11 @@ class Critic:
 
         self.backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
         self.head = torch.nn.Linear(self.backbone.config.hidden_size, len(OUTCOMES))
-        params = list(self.backbone.parameters()) + list(self.head.parameters())
+        frozen = self.config.backbone == "frozen"
+        self.backbone.requires_grad_(not frozen)
+        params = ([] if frozen else list(self.backbone.parameters())) + list(self.head.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=0.0)
+        self.features: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}  # a frozen backbone's, by program
 
     def save(self, path: str) -> None:
         """Weights, optimizer and sampling state into `path`/critic.pt (a training checkpoint)."""
@@ -127,6 +140,7 @@ class Critic:
         """Continue from what `save(path)` wrote."""
         state = torch.load(Path(path) / STATE_FILE, weights_only=True)
         self.backbone.load_state_dict(state["backbone"])
+        self.features.clear()
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.setstate(state["rng"])
@@ -139,6 +153,10 @@ class Critic:
         pairs = list(zip(prompt_ids, completion_ids, strict=True))
         size = self.config.batch_size
         return [row for i in range(0, len(pairs), size) for row in torch.softmax(self._logits(pairs[i : i + size]), dim=-1).tolist()]
+
+
+def _key(pair: tuple[list[int], list[int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(pair[0]), tuple(pair[1])
 
 
 def ranking_loss(logits: torch.Tensor, labels: torch.Tensor, groups: list[str]) -> torch.Tensor:

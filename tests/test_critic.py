@@ -208,3 +208,31 @@ def test_the_critic_starts_from_the_model_it_is_given(ray_cluster, tiny_model, t
         expected = AutoModel.from_pretrained(path, local_files_only=True).state_dict()
         same = saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
         assert same == (which == "other"), which
+
+
+def test_a_frozen_backbone_stays_as_started_and_its_head_learns(ray_cluster, tiny_model, tmp_path):
+    """critic.backbone frozen: the optimizer holds the head alone, so the saved backbone is the
+    model's to the bit, and on the same programs, step after step, the head's loss falls (a linear
+    model on fixed features)."""
+    from transformers import AutoModel
+
+    from common.hf import load_tokenizer
+    from coderloo.tasksets.synthetic import synthetic_suite
+
+    tasks = random.Random(1).sample(synthetic_suite()["train"], 8)
+    tokenizer = load_tokenizer(tiny_model)
+    prompt_ids = [tokenizer(t.prompt)["input_ids"] for t in tasks for _ in range(2)]
+    completion_ids = [tokenizer(c)["input_ids"] for t in tasks for c in (t.reference[len(t.prompt):], "    return None\n")]
+    labels = [PASSED, OUTCOMES.index("failed")] * len(tasks)
+    config = CriticConfig(enabled=True, backbone="frozen", lr=1e-2, steps_per_rl_step=10, batch_size=16, heldout_fraction=0.01)
+    critic = OnlineCritic(str(tiny_model), config, seed=0)
+    try:
+        losses = [critic.observe([t.id for t in tasks for _ in range(2)], prompt_ids, completion_ids, labels).metrics()["critic_loss"]
+                  for _ in range(3)]
+        critic.save(tmp_path)
+    finally:
+        critic.kill()
+    assert losses[2] < losses[1] < losses[0], losses
+    saved = torch.load(tmp_path / "critic.pt", weights_only=True)["backbone"]
+    expected = AutoModel.from_pretrained(tiny_model, local_files_only=True).state_dict()
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
