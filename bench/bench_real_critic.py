@@ -33,6 +33,7 @@ TASKS = int(os.environ.get("BENCH_REAL_CRITIC_TASKS", "60"))
 K = 4
 EPOCHS = int(os.environ.get("BENCH_REAL_CRITIC_EPOCHS", "10"))
 HELDOUT = 0.5
+RANK_COEF = float(os.environ.get("BENCH_REAL_CRITIC_RANK_COEF", "0"))  # critic.rank_coef
 SEED = 0
 
 
@@ -82,7 +83,8 @@ def main() -> dict:
 
     init_ray(num_cpus=2)
     critic_config = CriticConfig(enabled=True, backbone="frozen", heldout_fraction=HELDOUT, lr=1e-3, batch_size=32,
-                                 steps_per_rl_step=8, select_n=K, threads=2)
+                                 steps_per_rl_step=8, select_n=K, threads=2,
+                                 rank_coef=RANK_COEF)
     critic = OnlineCritic(str(model), critic_config, seed=SEED)
     trained = time.monotonic()
     try:
@@ -91,7 +93,7 @@ def main() -> dict:
             step = critic.observe(ids, prompts, answers, labels)
             by_epoch.append({k: v if v is None else round(v, 4) for k, v in step.metrics().items()})
         held = [i for i, task_id in enumerate(ids) if heldout_task(task_id, HELDOUT)]
-        p_passed = critic.p_passed([prompts[i] for i in held], [answers[i] for i in held])
+        odds = critic.log_odds([prompts[i] for i in held], [answers[i] for i in held])
     finally:
         critic.kill()
     trained_s = time.monotonic() - trained
@@ -101,15 +103,17 @@ def main() -> dict:
         groups.setdefault(ids[i], []).append(n)
     whole = [g for g in groups.values() if len(g) == K]
     passed = np.array([[rows[held[n]]["passed"] for n in g] for g in whole], dtype=float)
-    scores = np.array([[p_passed[n] for n in g] for g in whole])
+    scores = np.array([[odds[n] for n in g] for g in whole])
+    p_passed = 1 / (1 + np.exp(-scores))
     texts = [[rows[held[n]]["completion"] for n in g] for g in whole]
     record = {
-        "commit": _commit(), "tasks": TASKS, "k": K, "epochs": EPOCHS, "backbone": "frozen", "heldout_tasks": len(whole),
+        "commit": _commit(), "tasks": TASKS, "k": K, "epochs": EPOCHS, "backbone": "frozen", "rank_coef": RANK_COEF, "heldout_tasks": len(whole),
         "train_tasks": len(set(ids)) - len(groups), "mixed_heldout_tasks": int(((passed.sum(1) > 0) & (passed.sum(1) < K)).sum()),
         "pass@1_random": round(float(passed.mean()), 4),
         "pass@1_critic": round(pass_rate_of_pick(passed, scores), 4),
         "pass@1_vote": round(pass_rate_of_pick(passed, vote_scores(texts, np.ones_like(scores))), 4),
-        "pass@1_critic_vote": round(pass_rate_of_pick(passed, vote_scores(texts, scores)), 4),
+        "pass@1_critic_vote": round(pass_rate_of_pick(passed, vote_scores(texts, p_passed)), 4),
+        "p_passed_tied_at_top": int(sum((row == row.max()).sum() > 1 for row in p_passed.astype(np.float32))),
         "pass@k": round(float((passed.sum(1) > 0).mean()), 4),
         "last_epoch": by_epoch[-1], "auc_by_epoch": [m["critic_auc"] for m in by_epoch],
         "sampled_s": round(sampled_s), "critic_s": round(trained_s),

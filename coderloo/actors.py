@@ -88,7 +88,7 @@ def started(config: Config, model: str, tokenizer, console: RunConsole, run: str
             ray.get([w.load_adapter.remote(adapter) for w in actors.workers])
         actors.group = RolloutGroup(actors.workers, config.rollout.weight_sync, config.rollout.stuck_timeout_s, config.rollout.update_in_flight,
                                     side_by_side=config.train.partial_rollouts)
-        score = actors.critic.p_passed if actors.critic is not None else None
+        score = actors.critic.log_odds if actors.critic is not None else None
         actors.strategy = make_strategy(actors.group, actors.rewards, config.env, tokenizer, config.prompt, score)
         if config.env.multi_turn and not config.env.turns_are_attempts:  # refinement's round 1 is its single attempt
             actors.single = SingleAttempt(actors.group, actors.rewards, tokenizer, config.prompt)

@@ -145,10 +145,11 @@ def _critic_picks(critic: OnlineCritic, groups: list, passed: np.ndarray) -> dic
     majority vote and a vote weighted by the critic among the same ones."""
     m = critic.config.select_n
     prompts, programs = zip(*(last_answer(t.turns) for group in groups for t in group[:m]), strict=True)
-    p_passed = critic.p_passed(list(prompts), list(programs)).reshape(len(groups), m)
+    odds = critic.log_odds(list(prompts), list(programs)).reshape(len(groups), m)
+    p_passed = 1 / (1 + np.exp(-odds))
     texts = [[t.turns[-1].text for t in group[:m]] for group in groups]
     return {
-        "pass@1_critic": pass_rate_of_pick(passed[:, :m], p_passed),
+        "pass@1_critic": pass_rate_of_pick(passed[:, :m], odds),  # the log-odds order what P(passed) may round to ties
         "pass@1_vote": pass_rate_of_pick(passed[:, :m], vote_scores(texts, np.ones_like(p_passed))),
         "pass@1_critic_vote": pass_rate_of_pick(passed[:, :m], vote_scores(texts, p_passed)),
         "pass@1_random": float(passed[:, :m].mean()),

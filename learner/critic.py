@@ -17,6 +17,7 @@ k samples of a prompt, so pooling them would only dilute what tells the samples 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ class Critic:
         if self.config.backbone == "train":
             return self.head(self._features(pairs))
         missing = list(dict.fromkeys(key for key in map(_key, pairs) if key not in self.features))
+        missing.sort(key=lambda key: len(key[0]) + len(key[1]))  # batches of like lengths: little padding
         with torch.no_grad():  # a frozen backbone's features never change: each program's are computed once
             for i in range(0, len(missing), self.config.batch_size):
                 chunk = missing[i : i + self.config.batch_size]
@@ -148,11 +150,19 @@ class Critic:
 
     @torch.no_grad()
     def predict(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """Each pair's probability of each class in OUTCOMES."""
+        """Each pair's log-probability of each class in OUTCOMES: logs, so that a confident critic's
+        programs stay ordered (in float32 its probabilities of passing round to 1 past a logit gap of
+        about 17, and a pick among ties is no pick)."""
         self.backbone.eval()
         pairs = list(zip(prompt_ids, completion_ids, strict=True))
         size = self.config.batch_size
-        return [row for i in range(0, len(pairs), size) for row in torch.softmax(self._logits(pairs[i : i + size]), dim=-1).tolist()]
+        return [row for i in range(0, len(pairs), size) for row in torch.log_softmax(self._logits(pairs[i : i + size]), dim=-1).tolist()]
+
+
+def log_odds(log_probs: np.ndarray) -> np.ndarray:
+    """The log-odds of passed from rows of log-probabilities of OUTCOMES: log P(passed) - log P(not)."""
+    others = np.delete(log_probs, PASSED, axis=1)
+    return log_probs[:, PASSED] - np.logaddexp.reduce(others, axis=1)
 
 
 def _key(pair: tuple[list[int], list[int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -188,28 +198,29 @@ class CriticStep:
     """The critic's view of one RL step: its predictions, made before it learned from the step's
     samples, and the update it is making from them meanwhile."""
 
-    probs: ray.ObjectRef
+    log_probs: ray.ObjectRef
     training: ray.ObjectRef
     labels: list[int | None]
     heldout: list[bool]
     groups: list[str]
 
     def p_passed(self) -> list[float]:
-        return [row[PASSED] for row in ray.get(self.probs)]
+        return [math.exp(row[PASSED]) for row in ray.get(self.log_probs)]
 
     def metrics(self) -> dict[str, float | None]:
-        """Accuracy and AUC of P(passed) on the held-out tasks' samples, over all of them and within
-        each task's group, and the update's losses.
+        """Accuracy, and AUC of the log-odds of passed, on the held-out tasks' samples, over all of them
+        and within each task's group, and the update's losses.
 
         Waits for the update, so that the critic's work never piles up behind a faster learner
         (and a failed update surfaces)."""
         keep = [i for i, (y, held) in enumerate(zip(self.labels, self.heldout)) if held and y is not None]
-        probs = np.array(ray.get(self.probs))[keep]
+        log_probs = np.array(ray.get(self.log_probs)).reshape(-1, len(OUTCOMES))[keep]
         labels = np.array([self.labels[i] for i in keep], dtype=int)
+        scores = log_odds(log_probs)
         return {
-            "critic_accuracy": accuracy(probs, labels),
-            "critic_auc": auc(probs[:, PASSED], labels == PASSED),
-            "critic_group_auc": group_auc(probs[:, PASSED], labels == PASSED, [self.groups[i] for i in keep]),
+            "critic_accuracy": accuracy(log_probs, labels),
+            "critic_auc": auc(scores, labels == PASSED),
+            "critic_group_auc": group_auc(scores, labels == PASSED, [self.groups[i] for i in keep]),
             "critic_heldout_samples": len(keep),
             **ray.get(self.training),
         }
@@ -229,14 +240,15 @@ class OnlineCritic:
         `labels`: each program's index in OUTCOMES (None: no label, e.g. the sandbox failed).
         Returns at once."""
         heldout = [heldout_task(t, self.config.heldout_fraction) for t in task_ids]
-        probs = self.actor.predict.remote(prompt_ids, completion_ids)  # an actor runs calls in order
+        log_probs = self.actor.predict.remote(prompt_ids, completion_ids)  # an actor runs calls in order
         train = [(p, c, y, t) for p, c, y, t, held in zip(prompt_ids, completion_ids, labels, task_ids, heldout, strict=True)
                  if y is not None and not held]
-        return CriticStep(probs, self.actor.train_step.remote(train), labels, heldout, task_ids)
+        return CriticStep(log_probs, self.actor.train_step.remote(train), labels, heldout, task_ids)
 
-    def p_passed(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> np.ndarray:
-        """P(passed) of each pair, for critic-guided selection."""
-        return np.array(ray.get(self.actor.predict.remote(prompt_ids, completion_ids)))[:, PASSED]
+    def log_odds(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> np.ndarray:
+        """The log-odds of passed of each pair, for critic-guided selection (an order that a
+        probability rounded to 1 would lose); P(passed) is its sigmoid."""
+        return log_odds(np.array(ray.get(self.actor.predict.remote(prompt_ids, completion_ids))).reshape(-1, len(OUTCOMES)))
 
     def start_from(self, model_path: str | Path) -> None:
         ray.get(self.actor.start_from.remote(str(model_path)))

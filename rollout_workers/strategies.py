@@ -127,7 +127,7 @@ class MultiTurn:
     marker; a trajectory whose next turn would not fit in `max_total_tokens` or the engine's
     context ends with the turns it has (its prompt is never cut). With refinement's `per_round`, at
     most that many of a task's failed trajectories go on each round: a random choice, or with
-    `choose: critic` those whose latest program `score` (the critic's P(passed)) rates highest, as
+    `choose: critic` those whose latest program `score` (the critic's log-odds of passed) rates highest, as
     CodeRL refines the failed programs its critic rates best; the others end on that turn.
     """
 

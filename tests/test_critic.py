@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import numpy as np
@@ -13,7 +14,7 @@ from coderloo.config import ConfigError, load_config
 from coderloo.controller import critic_label
 from coderloo.evaluation import pass_rate_of_pick, vote_scores
 from learner.config import CriticConfig
-from learner.critic import OUTCOMES, PASSED, CriticStep, OnlineCritic, accuracy, auc, group_auc, heldout_task, ranking_loss
+from learner.critic import OUTCOMES, PASSED, CriticStep, OnlineCritic, accuracy, auc, group_auc, heldout_task, log_odds, ranking_loss
 from reward_service.schemas import Components, ItemReward
 from sandbox_pool import Limits, PoolSettings, SandboxPool, Status
 
@@ -65,6 +66,15 @@ def test_accuracy_and_selection():
     assert pass_rate_of_pick(passed, np.array([[0.1, 0.8, 0.3], [0.9, 0.2, 0.1], [0.5, 0.5, 0.5]])) == pytest.approx(2 / 3)
 
 
+def test_log_odds_keep_the_order_that_float32_probabilities_round_away():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 20.0], [0.0, 0.0, 0.0, 30.0], [1.0, 0.0, 2.0, 0.0]])
+    probs = torch.softmax(logits, dim=-1)[:, PASSED]
+    assert probs[0] == probs[1] == 1.0  # a confident critic's two programs: tied as probabilities
+    odds = log_odds(torch.log_softmax(logits, dim=-1).numpy().astype(np.float64))
+    assert odds[1] > odds[0] > 0 > odds[2]
+    assert odds.tolist() == pytest.approx([20 - math.log(3), 30 - math.log(3), -math.log(math.e + 1 + math.e**2)], abs=1e-5)
+
+
 def test_heldout_split_is_by_task_and_stable():
     ids = [f"synthetic/add/{i}" for i in range(2000)]
     held = [heldout_task(i, 0.2) for i in ids]
@@ -85,8 +95,10 @@ def test_step_metrics_count_only_held_out_labelled_samples(ray_cluster):
     ray = ray_cluster
     probs = [[0.0, 0.0, 0.2, 0.8], [0.0, 0.0, 0.9, 0.1], [0.9, 0.1, 0.0, 0.0], [0.0, 0.0, 0.1, 0.9], [0.1, 0.0, 0.0, 0.9]]
     labels = [3, 2, 0, 2, None]  # the fourth is wrong, but its task is trained on; the fifth has no label
-    step = CriticStep(ray.put(probs), ray.put({"critic_loss": 1.0}), labels, [True, True, True, False, True], ["a", "a", "b", "a", "b"])
-    assert step.p_passed() == [0.8, 0.1, 0.0, 0.9, 0.9]
+    with np.errstate(divide="ignore"):
+        log_probs = np.log(probs).tolist()  # what the actor's predict returns
+    step = CriticStep(ray.put(log_probs), ray.put({"critic_loss": 1.0}), labels, [True, True, True, False, True], ["a", "a", "b", "a", "b"])
+    assert step.p_passed() == pytest.approx([0.8, 0.1, 0.0, 0.9, 0.9], rel=1e-15)
     assert step.metrics() == {"critic_accuracy": 1.0, "critic_auc": 1.0, "critic_group_auc": 1.0, "critic_heldout_samples": 3,
                               "critic_loss": 1.0}
 

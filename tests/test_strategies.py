@@ -418,9 +418,9 @@ def test_the_critic_judges_a_trajectorys_last_program_as_one_attempt_at_its_task
     class RecordingCritic:
         config = CriticConfig(select_n=2)
 
-        def p_passed(self, prompts, programs):
+        def log_odds(self, prompts, programs):
             self.asked = (prompts, programs)
-            return np.array([0.9, 0.1])
+            return np.array([2.2, -2.2])
 
     critic, group = RecordingCritic(), ScriptedGroup()
     metrics = evaluate(multi_turn(Refine, group, ScriptedRewards([[False, True], [True]]), max_turns=2), [TASK],
