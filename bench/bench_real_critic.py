@@ -118,6 +118,9 @@ def main() -> dict:
         "last_epoch": by_epoch[-1], "auc_by_epoch": [m["critic_auc"] for m in by_epoch],
         "sampled_s": round(sampled_s), "critic_s": round(trained_s),
     }
+    with open(OUT / f"scores-rank{RANK_COEF:g}.jsonl", "w") as f:  # each held-out sample's score, for a closer look
+        for n, i in enumerate(held):
+            f.write(json.dumps({"task_id": ids[i], "passed": rows[i]["passed"], "log_odds": float(odds[n])}) + "\n")
     with open(RECORDS, "a") as f:
         f.write(json.dumps(record) + "\n")
     print(json.dumps(record, indent=1))
