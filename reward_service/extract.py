@@ -182,7 +182,7 @@ def _defined_name(node: ast.stmt) -> str | None:
 
 def _names_used(node: ast.stmt) -> set[str]:
     """Every identifier in `node`, as EvalPlus gathers a definition's dependencies."""
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
 
 
 def _lines(node: ast.stmt) -> range:
