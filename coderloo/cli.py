@@ -89,7 +89,8 @@ def write_samples(path: Path, made: dict[str, list], tokenizer) -> None:
     """The evaluation's answers as JSONL, a line per trajectory (greedy: one per task; else each
     sample) in EvalPlus's samples format (task_id, solution: the program as it was run, without the
     tests) with the raw completion and verdict; with several turns, each turn's text and verdict and
-    what the policy read before it (the observation that extended its context)."""
+    what the policy read before it (the observation that extended its context, or the
+    whole prompt of an attempt sampled afresh)."""
     from reward_service.scorer import analyse
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,10 +109,10 @@ def write_samples(path: Path, made: dict[str, list], tokenizer) -> None:
 
 
 def _observation(before, turn, tokenizer) -> str:
-    """What extended turn `before`'s context to `turn`'s ("" when `turn` starts afresh)."""
+    """What extended turn `before`'s context to `turn`'s, or the whole prompt of a turn that starts afresh."""
     start = len(before.prompt_ids) + len(before.token_ids)
     extends = turn.prompt_ids[:start] == before.prompt_ids + before.token_ids
-    return tokenizer.decode(turn.prompt_ids[start:]) if extends else ""
+    return tokenizer.decode(turn.prompt_ids[start:] if extends else turn.prompt_ids)
 
 
 def _suites(config, sets: list[str], after, data_dir: str | None) -> dict[str, tuple[list, list[str]]]:

@@ -166,17 +166,18 @@ class RefineEnv(_MultiTurnEnv):
         "never what they are: a training signal, as the reward is). shown: one that fails the task's shown tests, all a "
         "deployed model knows before it submits; the first attempt that passes them is the answer, judged by every test "
         "(how to evaluate refinement; a task that shows no tests gets one attempt).")
-    feedback: bool = Field(
-        default=True,
-        description="false: each attempt after the first is sampled afresh from the task's prompt, without the attempts "
-        "before it or their feedback: independent attempts under the same go_on rule and budget, refinement's "
-        "equal-samples control (needs train_as turns).")
+    feedback: Literal["context", "note", "none"] = Field(
+        default="context",
+        description="What a later attempt reads. context: the attempts before it and what their runs said, one "
+        "conversation. note: the task's prompt afresh with what the last attempt's run said, not its code (a small "
+        "model copies the failed code it reads). none: the task's prompt alone, independent attempts under the same "
+        "go_on rule and budget (refinement's equal-samples control). note and none need train_as turns.")
 
     @model_validator(mode="after")
     def _fresh_attempts_train_as_turns(self) -> "RefineEnv":
-        if not self.feedback and self.train_as == "concat":
-            raise ValueError("feedback false samples each attempt afresh from the task's prompt: its attempts are not one "
-                             "sequence, so train_as must be turns")
+        if self.feedback != "context" and self.train_as == "concat":
+            raise ValueError(f"feedback {self.feedback} samples each attempt afresh from the task's prompt: its attempts are "
+                             "not one sequence, so train_as must be turns")
         return self
 
 
@@ -187,7 +188,7 @@ class InterpreterEnv(_MultiTurnEnv):
     name: Literal["interpreter"] = "interpreter"
     per_round: ClassVar[int] = 0  # tool calls are not attempts: no budget per round
     choose: ClassVar[str] = "random"
-    feedback: ClassVar[bool] = True  # a run's report always continues the context
+    feedback: ClassVar[str] = "context"  # a run's report always continues the context
     turns_are_attempts: ClassVar[bool] = False
     max_tool_calls: int = Field(default=2, ge=0, description="Most runs per trajectory; the turn after the last one is the answer.")
     run_marker: str = Field(default="#>>> run", min_length=1, description="A turn that ends with this asks to run its code.")

@@ -78,7 +78,11 @@ def cut_feedback(feedback: str, chars: int) -> str:
     return (feedback[:chars] + " [...]" if len(feedback) > chars else feedback) or "(no message)"
 
 
-AGAIN = "Write it again, fixed."
+# What a failed attempt's feedback is introduced by and ends with, by env.feedback: in the attempt's
+# own conversation, or in a fresh prompt that holds the task's alone (none: never read).
+SAID = {"context": "What running the code above said:\n", "note": "An earlier answer to this failed. What running it said:\n",
+        "none": ""}
+ASK = {"context": "Write it again, fixed.", "note": "Write a correct solution.", "none": ""}
 
 
 class _Base:
@@ -106,7 +110,7 @@ class Refine(_Base):
         replies = [Reply(r) for r in scored]
         for i in again:
             said = feedback(live[i].task, scored[i], examples.get(i))
-            replies[i] = Reply(scored[i], "What running the code above said:\n" + cut_feedback(said, self.config.feedback_chars), AGAIN)
+            replies[i] = Reply(scored[i], SAID[self.config.feedback] + cut_feedback(said, self.config.feedback_chars), ASK[self.config.feedback])
         return replies
 
     def _on_shown(self, live: list[Live], which: list[int]) -> dict[int, ItemReward]:

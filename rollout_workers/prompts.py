@@ -86,8 +86,7 @@ def follow_up(task: Task, tokenizer, settings: PromptConfig, message: str, ask: 
     assistant's header; `turn_ended` False (the turn was cut at max_new_tokens) closes the cut
     turn first."""
     if not uses_chat_template(tokenizer, settings):
-        lines = message.splitlines() + ask.splitlines()
-        return "\n" + "".join(f"# {line}".rstrip() + "\n" for line in lines) + task.prompt
+        return "\n" + _comments(message, ask) + task.prompt
     conversation = _conversation(task, settings, task.prompt) + [
         {"role": "assistant", "content": ANSWER_SENTINEL}, {"role": "user", "content": f"{message}\n\n{ask}".strip()}]
     whole = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
@@ -97,3 +96,16 @@ def follow_up(task: Task, tokenizer, settings: PromptConfig, message: str, ask: 
         raise ValueError("the model's chat template does not end an assistant turn with its EOS token "
                          f"({eos!r}): multi-turn prompts cannot follow its turns")
     return whole[end + (len(eos) if turn_ended else 0):]
+
+
+def retry(task: Task, tokenizer, settings: PromptConfig, message: str, ask: str) -> str:
+    """The prompt of a later attempt that reads what the attempt before it was told, not its code
+    (env.feedback note): the task's prompt, then `message` and `ask`. Without a chat template, the two
+    as comment lines before the task's prompt, which the turn continues."""
+    if not uses_chat_template(tokenizer, settings):
+        return _comments(message, ask) + task.prompt
+    return render(task, tokenizer, settings, f"{task.prompt}\n\n{message}\n\n{ask}".rstrip())
+
+
+def _comments(*texts: str) -> str:
+    return "".join(f"# {line}".rstrip() + "\n" for text in texts for line in text.splitlines())

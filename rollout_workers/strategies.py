@@ -29,7 +29,7 @@ from reward_service.tasks import Task
 from rollout_workers.config import EnvConfig, PromptConfig
 from rollout_workers.environments import Choose, Environment, Live, Reply, make_environment
 from rollout_workers.group import RolloutGroup
-from rollout_workers.prompts import answered_task, follow_up, generation_params, render, uses_chat_template
+from rollout_workers.prompts import answered_task, follow_up, generation_params, render, retry, uses_chat_template
 from rollout_workers.types import GenerationParams, PromptRollout, Rollouts, Trajectory, Turn, last_answer
 
 
@@ -202,16 +202,20 @@ class MultiTurn:
             if reply.message is None:
                 t.outcome = reply.reward
                 continue
-            if self.config.feedback:
+            if self.config.feedback == "context":
                 ids, cut = observation_ids(self.tokenizer, self.prompt, self.config, t.live.task, reply, turn.token_ids)
-                context = t.context + turn.token_ids + ids
+                context, read = t.context + turn.token_ids + ids, len(ids)
+            elif self.config.feedback == "note":  # the task's prompt afresh, with what the run said
+                message, cut = cut_message(self.tokenizer, self.config, reply.message)
+                context = self.tokenizer(retry(t.live.task, self.tokenizer, self.prompt, message, reply.ask))["input_ids"]
+                read = len(context) - len(t.turns[0].prompt_ids)
             else:  # an independent attempt: the task's prompt alone
-                ids, cut, context = [], 0, list(t.turns[0].prompt_ids)
+                read, cut, context = 0, 0, list(t.turns[0].prompt_ids)
             if len(context) + max_new_tokens > self.limit:
                 t.at_limit = True
                 ending.append(t)
                 continue
-            t.context, t.observation_tokens, t.cut_observations = context, t.observation_tokens + len(ids), t.cut_observations + cut
+            t.context, t.observation_tokens, t.cut_observations = context, t.observation_tokens + read, t.cut_observations + cut
             t.live.tool_calls += reply.tool_call
             going.append(t)
         if ending:  # no next turn fits: the environment ends them on what they hold
@@ -273,15 +277,20 @@ def turn_metrics(trajectories: list[Trajectory], config: EnvConfig) -> dict[str,
     return metrics
 
 
+def cut_message(tokenizer, config: EnvConfig, message: str) -> tuple[str, int]:
+    """`message` cut to `config.observation_tokens`, with a marker, and 1 if it was cut."""
+    ids = tokenizer(message, add_special_tokens=False)["input_ids"]
+    if len(ids) <= config.observation_tokens:
+        return message, 0
+    kept = config.observation_tokens
+    return tokenizer.decode(ids[:kept]) + f"\n[... {len(ids) - kept} more tokens cut]", 1
+
+
 def observation_ids(tokenizer, prompt: PromptConfig, config: EnvConfig, task: Task, reply: Reply, turn_ids: list[int]) -> tuple[list[int], int]:
     """The token ids of what follows a turn (`turn_ids`) to which the environment said `reply` (its
     message cut to `config.observation_tokens`, with a marker; rollout_workers.prompts.follow_up),
     and 1 if it was cut."""
-    message, cut = reply.message, 0
-    ids = tokenizer(message, add_special_tokens=False)["input_ids"]
-    if len(ids) > config.observation_tokens:
-        kept = config.observation_tokens
-        message, cut = tokenizer.decode(ids[:kept]) + f"\n[... {len(ids) - kept} more tokens cut]", 1
+    message, cut = cut_message(tokenizer, config, reply.message)
     ended = bool(turn_ids) and turn_ids[-1] == tokenizer.eos_token_id  # not at a stop sequence or the length
     text = follow_up(task, tokenizer, prompt, message, reply.ask, turn_ended=ended)
     return tokenizer(text, add_special_tokens=False)["input_ids"], cut

@@ -265,3 +265,14 @@ def test_a_chat_models_observation_is_a_user_turn_after_its_own_end_of_turn(chat
          {"role": "assistant", "content": answer},
          {"role": "user", "content": "Failed: 1 of 9 tests did not pass\n\nWrite it again, fixed."}], add_generation_prompt=True, tokenize=False)
     assert whole == first + answer + IM_END + said
+
+
+def test_a_note_is_the_tasks_user_turn_with_what_the_run_said_after_the_task(chat_tokenizer):
+    from rollout_workers.prompts import retry
+
+    note = retry(CODE_TASK, chat_tokenizer, SETTINGS, "An earlier answer failed:\n1 of 9 tests did not pass", "Write a correct solution.")
+    first = render(CODE_TASK, chat_tokenizer, SETTINGS)
+    # the same conversation as the task's own prompt, one user turn, the note after the task's text
+    task_turn = first.split(IM_END, 2)[1]
+    assert note.startswith(first.split(task_turn)[0]) and note.count(f"{IM_START}user") == 1
+    assert note == first.replace(task_turn, task_turn + "\n\nAn earlier answer failed:\n1 of 9 tests did not pass\n\nWrite a correct solution.")

@@ -279,15 +279,28 @@ def test_refinement_that_goes_on_by_the_shown_tests_submits_the_first_attempt_th
 def test_attempts_without_feedback_are_sampled_afresh_from_the_prompt_under_the_same_rule():
     service = ScriptedRewards([[False, False], [False], [True]], shown=[[True, False], [False]])
     group = ScriptedGroup()
-    trajectories = multi_turn(Refine, group, service, max_turns=3, go_on="shown", feedback=False).run(
+    trajectories = multi_turn(Refine, group, service, max_turns=3, go_on="shown", feedback="none").run(
         [TASK], GenerationParams(n=2), 5).groups[0]
     assert [len(t.turns) for t in trajectories] == [1, 3]
     first = trajectories[1].turns[0].prompt_ids
     assert [turn.prompt_ids for turn in trajectories[1].turns] == [first] * 3  # the prompt alone, each time
     assert [p for p, _, _ in group.calls[1:]] == [[first], [first]] and len({s for _, _, s in group.calls}) == 3
     assert trajectories[1].outcome.passed
-    with pytest.raises(ConfigError, match="feedback false samples each attempt afresh.*train_as must be turns"):
-        load_config("configs/default.yaml", ["env.name=refine", "env.feedback=false", "env.train_as=concat"])
+    for fresh in ("none", "note"):
+        with pytest.raises(ConfigError, match=f"feedback {fresh} samples each attempt afresh.*train_as must be turns"):
+            load_config("configs/default.yaml", ["env.name=refine", f"env.feedback={fresh}", "env.train_as=concat"])
+
+
+def test_a_note_prompts_the_task_afresh_with_what_the_run_said_and_not_the_failed_code():
+    service = ScriptedRewards([[False], [False], [True]], shown=[[False], [False]])
+    group = ScriptedGroup(["    return 1\n", "    return 2\n", "    return 3\n"])
+    trajectory = multi_turn(Refine, group, service, max_turns=3, go_on="shown", feedback="note").run(
+        [TASK], GenerationParams(n=1), 5).groups[0][0]
+    assert len(trajectory.turns) == 3 and trajectory.outcome.passed
+    read = [TOKENIZER.decode(turn.prompt_ids) for turn in trajectory.turns]
+    note = "# An earlier answer to this failed. What running it said:\n" + "".join(f"# {line}\n" for line in FEEDBACK.splitlines())
+    assert read[1] == read[2] == note + "# Write a correct solution.\n" + TASK.prompt  # the last run's words, then the task
+    assert "return 1" not in read[1] and "return 2" not in read[2]  # never the code that failed
 
 
 def test_a_concatenated_trajectory_masks_its_observations():
@@ -376,8 +389,8 @@ def test_an_evaluation_without_greedy_writes_each_sampled_trajectory_with_what_e
     from coderloo.config import EvalConfig
     from coderloo.evaluation import evaluate
 
-    # two samples; the first passes, the second fails and is rewritten; then the same without feedback
-    for feedback in (True, False):
+    # two samples; the first passes, the second fails and is rewritten; then afresh, with and without a note
+    for feedback in ("context", "none", "note"):
         made: list[Trajectory] = []
         service = ScriptedRewards([[True, False], [True]])
         strategy = multi_turn(Refine, ScriptedGroup(), service, max_turns=2, feedback=feedback)
@@ -388,8 +401,8 @@ def test_an_evaluation_without_greedy_writes_each_sampled_trajectory_with_what_e
         first, second = rows[1]["turns"]
         assert first["read"] is None and first["text"] == "    return 1\n" and first["passed"] is False
         assert second["text"] == "    return 2\n" and second["passed"] is True
-        assert ("# first failing test: assert solve(17) == 18" in second["read"]) is feedback
-        assert (second["read"] == "") is not feedback  # afresh: nothing extended the context
+        assert ("# first failing test: assert solve(17) == 18" in second["read"]) is (feedback != "none")
+        assert second["read"].endswith(TASK.prompt) and (second["read"] == TASK.prompt) is (feedback == "none")
 
 
 def test_evaluation_reports_refinement_by_a_random_choice_next_to_the_critics():
