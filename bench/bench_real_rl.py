@@ -3,6 +3,7 @@ before and after RLOO on MBPP's train split, by run.
 
     python -m bench.bench_real_rl base        # the base model's held-out figures (once per size of evaluation)
     python -m bench.bench_real_rl full-0      # one run: train, then evaluate its final checkpoint
+    python -m bench.bench_real_rl synthetic   # SmolLM2-135M against the random-init tiny model on the synthetic suite
     python -m bench.bench_real_rl table       # the runs recorded so far, each against the base
 
 A run takes most of an hour on 2 cores, so the runs of one comparison span sessions: each appends
@@ -14,6 +15,11 @@ configs/real-0.5b.yaml for STEPS steps of PROMPTS prompts x K samples (groups of
 so that the control trains as the others do), then `coderloo eval` judges its final checkpoint
 greedily on the first EVAL_TASKS tasks of MBPP+ and of HumanEval+, every test deciding (EvalPlus's
 base and plus inputs).
+
+`synthetic` compares the two ways to start on `make train`'s synthetic suite at equal training time:
+`make train` itself (the tiny randomly initialised model, configs/default.yaml) and the catalogue's
+SmolLM2-135M-Instruct (configs/real-135m.yaml) for SYNTHETIC_STEPS steps, evaluated after each, so that
+its held-out greedy pass@1 can be read at the tiny run's training time (the sum of its steps' times).
 """
 from __future__ import annotations
 
@@ -103,8 +109,39 @@ def run(name: str) -> None:
              **figures})
 
 
+SYNTHETIC_STEPS = int(os.environ.get("BENCH_REAL_RL_SYNTHETIC_STEPS", "3"))
+
+
+def _curve(out: Path) -> list[dict]:
+    """A run's held-out greedy pass@1 after each evaluated RL step, with the training time to it."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained, by_step = 0.0, {}
+    for r in records:
+        if r["phase"] == "rl":
+            trained += r["time_step_s"]
+            by_step[r["step"]] = trained
+    return [{"step": r["step"], "train_s": round(by_step.get(r["step"], 0.0)), "greedy": r["greedy_pass@1"]}
+            for r in records if r["phase"] == "eval" and r["stage"] == "rl"]
+
+
+def synthetic() -> None:
+    from coderloo.model_import import fetch
+
+    fetch("smollm2-135m-instruct")
+    runs = {"tiny-random": ("configs/default.yaml", []),
+            "smollm2-135m": ("configs/real-135m.yaml", [f"train.steps={SYNTHETIC_STEPS}", "train.eval_every=1"])}
+    row = {"run": "synthetic", "commit": _commit(), "seed": 0}
+    for name, (config, overrides) in runs.items():
+        out = OUT / f"synthetic-{name}"
+        wall = _coderloo(["train", "--config", config, f"train.output_dir={out}", "train.seed=0", "train.checkpoint_every=0",
+                          *overrides], out.with_suffix(".train.log"))
+        row[name] = {"config": config, "overrides": overrides, "wall_s": round(wall), "held_out": _curve(out)}
+    _record(row)
+
+
 def table() -> list[dict]:
-    rows = [json.loads(line) for line in RECORDS.read_text().splitlines()] if RECORDS.exists() else []
+    every = [json.loads(line) for line in RECORDS.read_text().splitlines()] if RECORDS.exists() else []
+    rows = [r for r in every if r["run"] != "synthetic"]
     bases = {r["eval_tasks"]: r for r in rows if r["run"] == "base"}
     sets = SETS.split(",")
     print(f"held-out greedy pass@1, {MODEL}, first N tasks of each set, every test deciding; gain over the base")
@@ -116,6 +153,17 @@ def table() -> list[dict]:
         cells = [f"{100 * r[s]:.1f}% | " + ("-" if r["run"] == "base" or b is None else f"{100 * (r[s] - b[s]):+.1f}") for s in sets]
         print(f"| {r['run']} | {r['commit']} | {r['eval_tasks']} | " + " | ".join(cells) +
               f" | {r.get('train_s', 0) / 60:.0f} min | {r['eval_s'] / 60:.0f} min |")
+    for r in every:
+        if r["run"] == "synthetic":
+            tiny, small = r["tiny-random"], r["smollm2-135m"]
+            budget = tiny["held_out"][-1]["train_s"]
+            within = [p for p in small["held_out"] if p["train_s"] <= budget]
+            print(f"\nsynthetic suite, held-out greedy pass@1 at {r['commit']}, seed {r['seed']}: the tiny random-init model "
+                  f"{100 * tiny['held_out'][0]['greedy']:.1f}% -> {100 * tiny['held_out'][-1]['greedy']:.1f}% in {budget} s of "
+                  f"training ({tiny['wall_s']} s in all); SmolLM2-135M " +
+                  ", ".join(f"{100 * p['greedy']:.1f}% after {p['step']} steps ({p['train_s']} s)" for p in small["held_out"]) +
+                  f" ({small['wall_s']} s in all); within the tiny run's training time: "
+                  f"{100 * within[-1]['greedy']:.1f}% after {within[-1]['step']} steps")
     for s in sets:
         latest = {r["run"]: 100 * r[s] for r in rows}  # a run recorded twice: its latest
         if "base" in latest and len(latest) > 1:
@@ -133,8 +181,10 @@ if __name__ == "__main__":
     what = sys.argv[1] if sys.argv[1:] else "table"
     if what == "base":
         base()
+    elif what == "synthetic":
+        synthetic()
     elif what in RUNS:
         run(what)
     elif what != "table":
-        raise SystemExit(f"bench_real_rl: {what!r}: base, table or one of the runs {', '.join(RUNS)}")
+        raise SystemExit(f"bench_real_rl: {what!r}: base, synthetic, table or one of the runs {', '.join(RUNS)}")
     table()
