@@ -39,8 +39,10 @@ OUT = Path(os.environ.get("BENCH_REAL_RL_DIR", "runs/bench-real-rl"))
 STEPS = int(os.environ.get("BENCH_REAL_RL_STEPS", "10"))
 PROMPTS = int(os.environ.get("BENCH_REAL_RL_PROMPTS", "4"))
 K = int(os.environ.get("BENCH_REAL_RL_K", "4"))
-LR = os.environ.get("BENCH_REAL_RL_LR", "5e-6")  # Adam moves a weight about lr a step: 1e-5 in ten at 1e-6; 2e-4 wrecked the model in five
-LORA_LR = os.environ.get("BENCH_REAL_RL_LORA_LR", "5e-5")  # an adapter starts at zero: LoRA's usual 10x
+# Adam moves a weight about lr a step whatever the gradient's signal, and a step here has 16 samples:
+# 5e-6 cost HumanEval+ 12 points in ten steps (bench/results.md, "real_rl"); 2e-4 wrecked it in five.
+LR = os.environ.get("BENCH_REAL_RL_LR", "1e-6")
+LORA_LR = os.environ.get("BENCH_REAL_RL_LORA_LR", "2e-5")  # an adapter starts at zero: LoRA's usual 10x and more
 EVAL_TASKS = int(os.environ.get("BENCH_REAL_RL_EVAL_TASKS", "100"))
 SETS = "mbpp+,humaneval+"
 RUNS = {
@@ -145,13 +147,14 @@ def table() -> list[dict]:
     bases = {r["eval_tasks"]: r for r in rows if r["run"] == "base"}
     sets = SETS.split(",")
     print(f"held-out greedy pass@1, {MODEL}, first N tasks of each set, every test deciding; gain over the base")
-    print("| run | commit | N | " + " | ".join(f"{s} | gain" for s in sets) + " | train | eval |")
-    print("|---|---|---|" + "---|---|" * len(sets) + "---|---|")
+    print("| run | commit | lr | N | " + " | ".join(f"{s} | gain" for s in sets) + " | train | eval |")
+    print("|---|---|---|---|" + "---|---|" * len(sets) + "---|---|")
     figures = []
     for r in rows:
         b = bases.get(r["eval_tasks"])
         cells = [f"{100 * r[s]:.1f}% | " + ("-" if r["run"] == "base" or b is None else f"{100 * (r[s] - b[s]):+.1f}") for s in sets]
-        print(f"| {r['run']} | {r['commit']} | {r['eval_tasks']} | " + " | ".join(cells) +
+        lr = [o.split("=", 1)[1] for o in r.get("overrides", []) if o.startswith("learner.lr=")]
+        print(f"| {r['run']} | {r['commit']} | {lr[-1] if lr else '-'} | {r['eval_tasks']} | " + " | ".join(cells) +
               f" | {r.get('train_s', 0) / 60:.0f} min | {r['eval_s'] / 60:.0f} min |")
     for r in every:
         if r["run"] == "synthetic":
