@@ -115,15 +115,18 @@ SYNTHETIC_STEPS = int(os.environ.get("BENCH_REAL_RL_SYNTHETIC_STEPS", "3"))
 
 
 def _curve(out: Path) -> list[dict]:
-    """A run's held-out greedy pass@1 after each evaluated RL step, with the training time to it."""
+    """A run's held-out greedy pass@1 at each evaluation (the base model's first, then after the SFT
+    warm-up and after RL steps), with the training time to it: the SFT warm-up's span and the RL steps' times."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    trained, by_step = 0.0, {}
+    sft = [r["time"] for r in records if r["phase"] == "sft"]
+    trained = sft[-1] - records[0]["time"] if sft else 0.0  # records[0]: the base model's evaluation, which SFT follows
+    by_step = {0: trained}
     for r in records:
         if r["phase"] == "rl":
             trained += r["time_step_s"]
             by_step[r["step"]] = trained
-    return [{"step": r["step"], "train_s": round(by_step.get(r["step"], 0.0)), "greedy": r["greedy_pass@1"]}
-            for r in records if r["phase"] == "eval" and r["stage"] == "rl"]
+    return [{"stage": r["stage"], "step": r["step"], "train_s": round(by_step[r["step"]] if r["stage"] == "rl" else 0.0),
+             "greedy": r["greedy_pass@1"]} for r in records if r["phase"] == "eval"]
 
 
 def synthetic() -> None:
@@ -139,6 +142,11 @@ def synthetic() -> None:
                           *overrides], out.with_suffix(".train.log"))
         row[name] = {"config": config, "overrides": overrides, "wall_s": round(wall), "held_out": _curve(out)}
     _record(row)
+
+
+def _point(p: dict) -> str:
+    where = "base" if p["stage"] == "base" else f"{p['stage']} step {p['step']}"
+    return f"{where} {100 * p['greedy']:.1f}% ({p['train_s']} s)"
 
 
 def table() -> list[dict]:
@@ -162,11 +170,9 @@ def table() -> list[dict]:
             budget = tiny["held_out"][-1]["train_s"]
             within = [p for p in small["held_out"] if p["train_s"] <= budget]
             print(f"\nsynthetic suite, held-out greedy pass@1 at {r['commit']}, seed {r['seed']}: the tiny random-init model "
-                  f"{100 * tiny['held_out'][0]['greedy']:.1f}% -> {100 * tiny['held_out'][-1]['greedy']:.1f}% in {budget} s of "
-                  f"training ({tiny['wall_s']} s in all); SmolLM2-135M " +
-                  ", ".join(f"{100 * p['greedy']:.1f}% after {p['step']} steps ({p['train_s']} s)" for p in small["held_out"]) +
-                  f" ({small['wall_s']} s in all); within the tiny run's training time: "
-                  f"{100 * within[-1]['greedy']:.1f}% after {within[-1]['step']} steps")
+                  + ", ".join(_point(p) for p in tiny["held_out"]) + f" ({tiny['wall_s']} s in all); SmolLM2-135M "
+                  + ", ".join(_point(p) for p in small["held_out"]) + f" ({small['wall_s']} s in all); within the tiny run's "
+                  f"{budget} s of training: {100 * within[-1]['greedy']:.1f}% against {100 * tiny['held_out'][-1]['greedy']:.1f}%")
     for s in sets:
         latest = {r["run"]: 100 * r[s] for r in rows}  # a run recorded twice: its latest
         if "base" in latest and len(latest) > 1:
