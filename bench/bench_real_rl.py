@@ -39,7 +39,8 @@ OUT = Path(os.environ.get("BENCH_REAL_RL_DIR", "runs/bench-real-rl"))
 STEPS = int(os.environ.get("BENCH_REAL_RL_STEPS", "10"))
 PROMPTS = int(os.environ.get("BENCH_REAL_RL_PROMPTS", "4"))
 K = int(os.environ.get("BENCH_REAL_RL_K", "4"))
-# Adam moves a weight about lr a step whatever the gradient's signal, and a step here has 16 samples:
+# Adam moves a weight about lr a step whatever the gradient's signal, and a step here has 16 samples (one
+# optimizer step of them: learner.optimizer_steps' default 2 would make two of 2 groups each):
 # 5e-6 cost HumanEval+ 12 points in ten steps (bench/results.md, "real_rl"); 2e-4 wrecked it in five.
 LR = os.environ.get("BENCH_REAL_RL_LR", "1e-6")
 LORA_LR = os.environ.get("BENCH_REAL_RL_LORA_LR", "2e-5")  # an adapter starts at zero: LoRA's usual 10x and more
@@ -98,7 +99,7 @@ def run(name: str) -> None:
     out = OUT / name
     overrides = [f"model.path={fetch(MODEL)}", f"train.output_dir={out}", f"train.steps={STEPS}",
                  f"train.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={K}", f"learner.lr={LR}",
-                 "learner.advantage.filter_uninformative=false", "train.eval_every=0", "train.checkpoint_every=0",
+                 "learner.advantage.filter_uninformative=false", "learner.optimizer_steps=1", "train.eval_every=0", "train.checkpoint_every=0",
                  "tasks.max_eval_tasks=1", "train.resources_every=1", *RUNS[name]]
     train_s = _coderloo(["train", "--config", CONFIG, *overrides], out.with_suffix(".train.log"))
     final = out / "checkpoints" / "final"
