@@ -272,7 +272,6 @@ def test_a_note_is_the_tasks_user_turn_with_what_the_run_said_after_the_task(cha
 
     note = retry(CODE_TASK, chat_tokenizer, SETTINGS, "An earlier answer failed:\n1 of 9 tests did not pass", "Write a correct solution.")
     first = render(CODE_TASK, chat_tokenizer, SETTINGS)
-    # the same conversation as the task's own prompt, one user turn, the note after the task's text
+    # the task's own prompt, its one user turn going on after the task's text with the note
     task_turn = first.split(IM_END, 2)[1]
-    assert note.startswith(first.split(task_turn)[0]) and note.count(f"{IM_START}user") == 1
     assert note == first.replace(task_turn, task_turn + "\n\nAn earlier answer failed:\n1 of 9 tests did not pass\n\nWrite a correct solution.")
