@@ -73,7 +73,20 @@ def evaluate(model: Path, out: Path, adapter: Path | None = None) -> dict:
                          "--sets", SETS, "--out", str(report), "--overwrite", "--samples", str(out / "eval-samples.jsonl"),
                          f"tasks.max_eval_tasks={EVAL_TASKS}", "eval.greedy=true", "eval.sampled=false"], out / "eval.log")
     sets = json.loads(report.read_text())["sets"]
-    return {"eval_s": round(seconds), **{name: r["greedy_pass@1"] for name, r in sets.items()}}
+    return {"eval_s": round(seconds), **{name: r["greedy_pass@1"] for name, r in sets.items()},
+            "passed": passed_tasks(out / "eval-samples.jsonl")}
+
+
+def passed_tasks(samples: Path) -> dict[str, list[str]]:
+    """Each set's tasks whose greedy answer passed, from `coderloo eval --samples`: which tasks a run
+    won and lost against the base, beyond the net figure."""
+    passed: dict[str, list[str]] = {}
+    for line in samples.read_text().splitlines():
+        sample = json.loads(line)
+        passed.setdefault(sample["set"], [])
+        if sample["passed"]:
+            passed[sample["set"]].append(sample["task_id"])
+    return passed
 
 
 def _commit() -> str:
@@ -165,6 +178,22 @@ def table() -> list[dict]:
         lr = [o.split("=", 1)[1] for o in r.get("overrides", []) if o.startswith("learner.lr=")]
         print(f"| {r['run']} | {r['commit']} | {lr[-1] if lr else '-'} | {r['eval_tasks']} | " + " | ".join(cells) +
               f" | {r.get('train_s', 0) / 60:.0f} min | {r['eval_s'] / 60:.0f} min |")
+    for r in rows:
+        b = bases.get(r["eval_tasks"])
+        if r["run"] != "base" and b is not None and "passed" in r and "passed" in b:
+            moved = [f"{s} {len(set(r['passed'][s]) - set(b['passed'][s]))} won, {len(set(b['passed'][s]) - set(r['passed'][s]))} lost"
+                     for s in sets]
+            print(f"{r['run']} ({r['commit']}) against the base, by task: " + "; ".join(moved))
+    latest = {r["run"]: r for r in rows}
+    if {"base", "full-0", "full-1", "constant-0"} <= latest.keys():
+        b = latest["base"]
+        for s in sets:
+            gains = [latest[n][s] - b[s] for n in ("full-0", "full-1")]
+            spread, control = abs(gains[0] - gains[1]), latest["constant-0"][s] - b[s]
+            mean = sum(gains) / 2
+            verdict = "met" if mean > 2 * spread and mean > control else "missed"
+            print(f"goal 1 on {s}: mean gain {100 * mean:+.1f} against twice the seeds' spread {200 * spread:.1f} and the "
+                  f"constant reward's {100 * control:+.1f}: {verdict}")
     for r in every:
         if r["run"] == "synthetic":
             tiny, small = r["tiny-random"], r["smollm2-135m"]
