@@ -102,14 +102,15 @@ def _record(row: dict) -> None:
 def base() -> None:
     from coderloo.model_import import fetch
 
+    commit = _commit()
     figures = evaluate(fetch(MODEL), OUT / "base")
-    _record({"run": "base", "commit": _commit(), "eval_tasks": EVAL_TASKS, **figures})
+    _record({"run": "base", "commit": commit, "eval_tasks": EVAL_TASKS, **figures})
 
 
 def run(name: str) -> None:
     from coderloo.model_import import fetch
 
-    out = OUT / name
+    out, commit = OUT / name, _commit()  # what runs: later commits may land before the run ends
     overrides = [f"model.path={fetch(MODEL)}", f"train.output_dir={out}", f"train.steps={STEPS}",
                  f"train.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={K}", f"learner.lr={LR}",
                  "learner.advantage.filter_uninformative=false", "learner.optimizer_steps=1", "train.eval_every=0", "train.checkpoint_every=0",
@@ -120,7 +121,7 @@ def run(name: str) -> None:
     figures = evaluate(fetch(MODEL) if lora else final, out, final / "adapter" if lora else None)
     rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rl if r.get("phase") == "rl"]
-    _record({"run": name, "commit": _commit(), "overrides": overrides[1:], "eval_tasks": EVAL_TASKS, "train_s": round(train_s),
+    _record({"run": name, "commit": commit, "overrides": overrides[1:], "eval_tasks": EVAL_TASKS, "train_s": round(train_s),
              "samples": sum(r["samples"] for r in rl), "pass_rate_by_step": [round(r["pass_rate"], 4) for r in rl],
              **figures})
 
