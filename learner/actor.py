@@ -40,6 +40,12 @@ REFERENCE_DIR = "reference"  # a checkpoint's KL reference (Hugging Face format)
 Work = list[tuple[list[list[TrainSequence]], float, int]]
 
 
+def mean_norm(norms: list[float | None]) -> float | None:
+    """A step's gradient norm: the mean over its optimizer steps (verl's), not the last one's, which
+    can be 0 where only that mini-batch's groups had equal rewards. None where a norm is unknown."""
+    return None if not norms or None in norms else sum(norms) / len(norms)
+
+
 @dataclass
 class _Step:
     """A step under way on this rank: its loss's settings and what its statistics gather."""
@@ -51,6 +57,7 @@ class _Step:
     finite: bool = True  # every loss of the mini-batch so far
     skipped: int = 0  # optimizer steps not taken
     skipped_value: int = 0
+    grad_norms: list = field(default_factory=list)  # each optimizer step's, before clipping
     value_grad_norm: float | None = None
     entropy_sum: float = 0.0
     step_starts: list = field(default_factory=list)  # each micro-batch's step-start logprobs, in order
@@ -177,7 +184,6 @@ class Learner(WeightSource):
         self.engine, self.optimizer = self._engine(model, config.lr)
         if self.reference is not None:
             self.reference.to(self.engine.device)
-        self.grad_norm: float | None = None
         self._open: _Step | None = None  # the step under way
         self.step_start_pass_always = False  # tests: the separate pass where one mini-batch needs none
 
@@ -460,7 +466,9 @@ class Learner(WeightSource):
     def _apply_step(self) -> None:
         """The optimizer step of the mini-batch whose micro-batches the open step has run."""
         step = self._open
-        step.skipped += not self._step(step.finite)
+        norm, applied = self._step_engine(self.engine, step.finite)
+        step.grad_norms.append(norm)
+        step.skipped += not applied
         if step.train_value and not self.shared_value:
             step.value_grad_norm, value_applied = self._step_engine(self.value_engine, step.finite)
             step.skipped_value += not value_applied
@@ -474,7 +482,7 @@ class Learner(WeightSource):
         batches = step.batches
         diffs = torch.cat([(o - b.sampler_logprobs).abs()[b.completion_mask.bool()] for b, o in zip(batches, step.step_starts)]
                           + [torch.zeros(0)])
-        totals["grad_norm"] = self.grad_norm
+        totals["grad_norm"] = mean_norm(step.grad_norms)
         totals["skipped_optimizer_steps"] = float(step.skipped)
         totals["learner_rss_mb_max"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this rank's peak so far
         totals["sampler_logprob_diff_sum"] = diffs.sum().item()
@@ -513,7 +521,7 @@ class Learner(WeightSource):
         """One optimizer step of next-token loss on the reference completions of `work`."""
         self._set_lr(lr)
         self.engine.train()
-        total, skipped = 0.0, 0
+        total, skipped, norms = 0.0, 0, []
         for micros, normalizer, _ in work:
             finite = True
             for seqs in micros:
@@ -522,14 +530,10 @@ class Learner(WeightSource):
                 self.engine.backward(loss.to(self.engine.device), scale_wrt_gas=False)
                 total += loss.item() / self.world_size
                 finite = finite and math.isfinite(total)
-            skipped += not self._step(finite)
-        return {"sft_loss_sum": total, "grad_norm": self.grad_norm, "skipped_optimizer_steps": float(skipped)}
-
-    def _step(self, finite: bool = True) -> bool:
-        """The policy's engine.step() (the accumulation boundary), recording the gradient norm;
-        False when the step was not taken (see _step_engine)."""
-        self.grad_norm, applied = self._step_engine(self.engine, finite)
-        return applied
+            norm, applied = self._step_engine(self.engine, finite)
+            norms.append(norm)
+            skipped += not applied
+        return {"sft_loss_sum": total, "grad_norm": mean_norm(norms), "skipped_optimizer_steps": float(skipped)}
 
     def _step_engine(self, engine, finite: bool = True) -> tuple[float | None, bool]:
         """engine.step() unless a loss of the mini-batch (`finite` false on any rank) or the
