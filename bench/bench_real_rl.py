@@ -3,6 +3,7 @@ before and after RLOO on MBPP's train split, by run.
 
     python -m bench.bench_real_rl base        # the base model's held-out figures (once per size of evaluation)
     python -m bench.bench_real_rl full-0      # one run: train, then evaluate its final checkpoint
+    python -m bench.bench_real_rl refine-base # the base model's refinement at evaluation (note, and its control)
     python -m bench.bench_real_rl synthetic   # SmolLM2-135M against the random-init tiny model on the synthetic suite
     python -m bench.bench_real_rl table       # the runs recorded so far, each against the base
 
@@ -10,7 +11,8 @@ A run takes most of an hour on 2 cores, so the runs of one comparison span sessi
 its record (its settings, the commit, its times and held-out figures) to bench/real_rl.jsonl, which
 is committed as it lands; `table` reads that file. The runs (RUNS): full fine-tuning with seeds 0
 and 1 (the seeds' spread), the same run with every reward 0 (reward.weights.constant: no learning
-signal, so its "gain" is the evaluation's drift), and LoRA with seed 0. Each trains
+signal, so its "gain" is the evaluation's drift), LoRA with seed 0, and trained refinement (refine-0: its
+evaluation is refinement's, with the feedback as a note and without it, against refine-base's). Each trains
 configs/real-0.5b.yaml for STEPS steps of PROMPTS prompts x K samples (groups of equal rewards kept,
 so that the control trains as the others do), then `coderloo eval` judges its final checkpoint
 greedily on the first EVAL_TASKS tasks of MBPP+ and of HumanEval+, every test deciding (EvalPlus's
@@ -46,13 +48,24 @@ LR = os.environ.get("BENCH_REAL_RL_LR", "1e-6")
 LORA_LR = os.environ.get("BENCH_REAL_RL_LORA_LR", "2e-5")  # an adapter starts at zero: LoRA's usual 10x and more
 EVAL_TASKS = int(os.environ.get("BENCH_REAL_RL_EVAL_TASKS", "100"))
 SETS = "mbpp+,humaneval+"
+REFINE = ["env.name=refine", "env.go_on=shown", "env.max_total_tokens=3072"]
 RUNS = {
     "full-0": ["train.seed=0"],
     "full-1": ["train.seed=1"],
     "constant-0": ["train.seed=0", "reward.weights.constant=true"],
     "lora-0": ["train.seed=0", "learner.lora.rank=16", "learner.lora.alpha=32", "learner.lora.sync=adapter",
                "learner.lora.start=rl", f"learner.lr={LORA_LR}"],
+    # Trained refinement: a failed attempt (one that fails the task's shown tests, as at evaluation) is
+    # followed by a fresh one that reads what its run said (feedback note), each attempt a training
+    # sequence. Up to 3 attempts make a step up to 3 times the learner's work: 6 steps keep it to an hour.
+    "refine-0": ["train.seed=0", "train.steps=6", *REFINE, "env.feedback=note"],
 }
+# Refinement at evaluation (bench/results.md, "Refinement at evaluation"): MBPP+'s first 30 tasks, 2 samples at
+# temperature 0.8, up to 3 attempts of 512 tokens, an attempt going on when it fails the shown tests; with the
+# feedback as a note (`note`) and its equal-samples control (`none`, independent attempts under the same rule).
+REFINE_EVAL = REFINE + [
+    "eval.max_new_tokens=512", "eval.sampled=true", "eval.greedy=false", "eval.samples_per_task=2", "eval.k=[1]",
+    "eval.temperature=0.8", "tasks.max_eval_tasks=30", "train.seed=0"]
 
 
 def _coderloo(args: list[str], log: Path) -> float:
@@ -75,6 +88,20 @@ def evaluate(model: Path, out: Path, adapter: Path | None = None) -> dict:
     sets = json.loads(report.read_text())["sets"]
     return {"eval_s": round(seconds), **{name: r["greedy_pass@1"] for name, r in sets.items()},
             "passed": passed_tasks(out / "eval-samples.jsonl")}
+
+
+def refinement(model: Path, out: Path) -> dict:
+    """pass@1 after rounds 1, 2 and 3 with the feedback as a note and without it (the control), and their times."""
+    figures = {}
+    for feedback in ("note", "none"):
+        where = out / f"refine-{feedback}"
+        seconds = _coderloo(["eval", "--config", CONFIG, "--model", str(model), "--sets", "mbpp+", "--out", str(where / "eval.json"),
+                             "--overwrite", "--samples", str(where / "samples.jsonl"), *REFINE_EVAL, f"env.feedback={feedback}"],
+                            where / "eval.log")
+        sets = json.loads((where / "eval.json").read_text())["sets"]["mbpp+"]
+        figures[feedback] = {"eval_s": round(seconds), "rounds": [sets[f"pass@1_round{r}"] for r in (1, 2, 3)],
+                             "turns_mean": sets["turns_mean"]}
+    return figures
 
 
 def passed_tasks(samples: Path) -> dict[str, list[str]]:
@@ -107,6 +134,14 @@ def base() -> None:
     _record({"run": "base", "commit": commit, "eval_tasks": EVAL_TASKS, **figures})
 
 
+def refine_base() -> None:
+    """The base model's refinement figures, for the trained run's to be read against."""
+    from coderloo.model_import import fetch
+
+    commit = _commit()
+    _record({"run": "refine-base", "commit": commit, "refinement": refinement(fetch(MODEL), OUT / "refine-base")})
+
+
 def run(name: str) -> None:
     from coderloo.model_import import fetch
 
@@ -118,7 +153,10 @@ def run(name: str) -> None:
     train_s = _coderloo(["train", "--config", CONFIG, *overrides], out.with_suffix(".train.log"))
     final = out / "checkpoints" / "final"
     lora = any(o.startswith("learner.lora.") for o in RUNS[name])
-    figures = evaluate(fetch(MODEL) if lora else final, out, final / "adapter" if lora else None)
+    if name.startswith("refine"):
+        figures = {"refinement": refinement(final, out)}
+    else:
+        figures = evaluate(fetch(MODEL) if lora else final, out, final / "adapter" if lora else None)
     rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rl if r.get("phase") == "rl"]
     _record({"run": name, "commit": commit, "overrides": overrides[1:], "eval_tasks": EVAL_TASKS, "train_s": round(train_s),
@@ -166,7 +204,7 @@ def _point(p: dict) -> str:
 
 def table() -> list[dict]:
     every = [json.loads(line) for line in RECORDS.read_text().splitlines()] if RECORDS.exists() else []
-    rows = [r for r in every if r["run"] != "synthetic"]
+    rows = [r for r in every if r["run"] != "synthetic" and "refinement" not in r]
     bases = {r["eval_tasks"]: r for r in rows if r["run"] == "base"}
     sets = SETS.split(",")
     print(f"held-out greedy pass@1, {MODEL}, first N tasks of each set, every test deciding; gain over the base")
@@ -196,6 +234,9 @@ def table() -> list[dict]:
             print(f"goal 1 on {s}: mean gain {100 * mean:+.1f} against twice the seeds' spread {200 * spread:.1f} and the "
                   f"constant reward's {100 * control:+.1f}: {verdict}")
     for r in every:
+        for feedback, f in r.get("refinement", {}).items():
+            print(f"refinement, {r['run']} ({r['commit']}), {feedback}: pass@1 after rounds 1 / 2 / 3 "
+                  + " / ".join(f"{100 * p:.1f}%" for p in f["rounds"]) + f", {f['turns_mean']:.2f} attempts, {f['eval_s']} s")
         if r["run"] == "synthetic":
             tiny, small = r["tiny-random"], r["smollm2-135m"]
             budget = tiny["held_out"][-1]["train_s"]
@@ -221,10 +262,12 @@ if __name__ == "__main__":
     what = sys.argv[1] if sys.argv[1:] else "table"
     if what == "base":
         base()
+    elif what == "refine-base":
+        refine_base()
     elif what == "synthetic":
         synthetic()
     elif what in RUNS:
         run(what)
     elif what != "table":
-        raise SystemExit(f"bench_real_rl: {what!r}: base, synthetic, table or one of the runs {', '.join(RUNS)}")
+        raise SystemExit(f"bench_real_rl: {what!r}: base, refine-base, synthetic, table or one of the runs {', '.join(RUNS)}")
     table()
